@@ -1,0 +1,46 @@
+"""The ``draco-gym`` command.
+
+Each subcommand lives with the layer it belongs to and is imported only when it runs, so
+``draco-gym --help`` stays fast and a layer's heavy dependencies load only for its own
+commands. A subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). Order is the order of --help.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("draco_gym.demo", "run one PythonTools episode with a scripted agent and print its step credit"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="draco-gym", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, summary) in SUBCOMMANDS.items():
+        sub.add_parser(name, help=summary, description=summary).set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    # Parse the command name first; the subcommand's own arguments are added once its
+    # module is imported, so one command's dependencies never load for another.
+    known, _ = parser.parse_known_args(argv[:1])
+    if known.command is None:
+        parser.print_help()
+        return 2
+    module_name, summary = SUBCOMMANDS[known.command]
+    module = importlib.import_module(module_name)
+    sub = argparse.ArgumentParser(prog=f"draco-gym {known.command}", description=summary)
+    module.add_arguments(sub)
+    args = sub.parse_args(argv[1:])
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""The one data model carried from environment to reward to credit to trainer.
+
+Episode data (Task, Step, Trajectory) and rubric data (Criterion, Verdict, TrajectoryScore,
+GroupScore) are pydantic models so that rollouts and verdicts can be saved as JSON, replayed
+and re-scored later with another judge or credit rule. Validation happens here, once, so
+that every layer can trust what it receives: a step numbered out of order or a citation
+outside the trajectory is rejected when the object is built, naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+GAP = -1
+"""Step index of a token that belongs to no step: prompt, observations, chat scaffolding."""
+
+
+class Termination:
+    """Why an episode ended. Plain strings so that new environments can add their own."""
+
+    SUBMITTED = "submitted"  # the environment's own completion signal (complete_task, submit, ...)
+    NO_CODE = "no_code"  # the agent answered without a code block (DRACO's end rule)
+    MAX_TURNS = "max_turns"  # the turn budget ran out
+    LENGTH = "length"  # the context or response token budget ran out (set by the trainer)
+    ENV_ERROR = "env_error"  # the environment failed and could not be recovered
+    USER_STOP = "user_stop"  # a simulated user ended the conversation (tau-bench)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Task(_Model):
+    """What the agent is asked to do, and the system prompt exactly as it saw it."""
+
+    id: str
+    instruction: str
+    agent_prompt: str = ""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class Step(_Model):
+    """One assistant turn. ``index`` is 1-based, the number the judge sees and cites."""
+
+    index: int = Field(ge=1)
+    text: str
+    code: str | None = None
+    observation: str = ""
+    n_tokens: int = Field(default=0, ge=0)
+    info: dict[str, Any] = Field(default_factory=dict)
+
+
+class Trajectory(_Model):
+    """One episode: the steps, why it ended, and the tokens the policy produced.
+
+    ``token_step[t]`` is the 1-based step that token ``t`` belongs to, or ``GAP`` (-1) for
+    tokens the policy did not write as part of a step. Credit rules give gap tokens zero
+    advantage. ``metrics`` holds the environment's own evaluation (e.g. AppWorld tests
+    passed): analysis only, never a reward unless the user picks the outcome reward.
+    """
+
+    task: Task
+    steps: list[Step] = Field(default_factory=list)
+    termination: str | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    token_ids: list[int] = Field(default_factory=list)
+    token_step: list[int] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Trajectory:
+        for position, step in enumerate(self.steps, start=1):
+            if step.index != position:
+                raise ValueError(
+                    f"steps[{position - 1}].index is {step.index}; steps must be numbered 1..M in order"
+                )
+        if len(self.token_step) != len(self.token_ids):
+            raise ValueError(
+                f"token_step has {len(self.token_step)} entries but token_ids has {len(self.token_ids)}"
+            )
+        if self.token_logprobs and len(self.token_logprobs) != len(self.token_ids):
+            raise ValueError(
+                f"token_logprobs has {len(self.token_logprobs)} entries but token_ids has {len(self.token_ids)}"
+            )
+        m = len(self.steps)
+        for t, s in enumerate(self.token_step):
+            if s != GAP and not 1 <= s <= m:
+                raise ValueError(f"token_step[{t}] is {s}; expected -1 (gap) or a step in 1..{m}")
+        return self
+
+    @property
+    def step_tokens(self) -> list[int]:
+        return [step.n_tokens for step in self.steps]
+
+    @property
+    def executed_code(self) -> list[str]:
+        """Code blocks in the order they ran: what restoring the episode's state replays."""
+        return [step.code for step in self.steps if step.code is not None]
+
+
+# ---------------------------------------------------------------------------------------
+# Rubric data
+
+
+CriterionOrigin = Literal["instruction", "trajectory", "static", "rule"]
+
+
+class Criterion(_Model):
+    """One rubric item. ``origin`` says which stage wrote it: proposed from the task
+    (instruction), added after seeing a rollout (trajectory), a fixed rubric (static) or a
+    judge-free transition rule (rule)."""
+
+    title: str = Field(min_length=1)
+    description: str = ""
+    evaluator_instruction: str = ""
+    origin: CriterionOrigin = "instruction"
+    grounding_references: list[str] = Field(default_factory=list)
+    trajectory_evidence: str | None = None
+
+
+Score = Literal[-1, 0, 1]
+
+
+class Verdict(_Model):
+    """The judge's final word on one criterion for one trajectory: +1 pass, -1 fail,
+    0 not applicable, with the steps it holds responsible."""
+
+    criterion: str
+    score: Score
+    cited_steps: list[int] = Field(default_factory=list)
+    evidence: str = ""
+    justification: str = ""
+
+    @field_validator("cited_steps")
+    @classmethod
+    def _positive(cls, steps: list[int]) -> list[int]:
+        bad = [s for s in steps if s < 1]
+        if bad:
+            raise ValueError(f"cited_steps must be 1-based step numbers, got {bad}")
+        return sorted(set(steps))
+
+
+def rubric_reward(passes: int, fails: int) -> float:
+    """DRACO's trajectory reward R = (p - f) / (p + f) over applicable verdicts; 0 if none."""
+    if passes < 0 or fails < 0:
+        raise ValueError(f"pass and fail counts must be >= 0, got p={passes}, f={fails}")
+    total = passes + fails
+    return 0.0 if total == 0 else (passes - fails) / total
+
+
+class TrajectoryScore(_Model):
+    """Verdicts for one trajectory over the group's surviving criteria, and its reward."""
+
+    verdicts: list[Verdict] = Field(default_factory=list)
+    p: int = Field(default=0, ge=0)
+    f: int = Field(default=0, ge=0)
+    reward: float = 0.0
+
+    @field_validator("reward")
+    @classmethod
+    def _finite(cls, reward: float) -> float:
+        if not math.isfinite(reward):
+            raise ValueError(f"reward must be finite, got {reward}")
+        return reward
+
+    @classmethod
+    def from_verdicts(cls, verdicts: list[Verdict]) -> TrajectoryScore:
+        p = sum(v.score == 1 for v in verdicts)
+        f = sum(v.score == -1 for v in verdicts)
+        return cls(verdicts=verdicts, p=p, f=f, reward=rubric_reward(p, f))
+
+    def step_counts(self, n_steps: int) -> tuple[list[int], list[int]]:
+        """Per-step (p_j, f_j): how many PASS and FAIL verdicts cite step j (1..n_steps)."""
+        passes, fails = [0] * n_steps, [0] * n_steps
+        for v in self.verdicts:
+            if v.score == 0:
+                continue
+            for s in v.cited_steps:
+                if s > n_steps:
+                    raise ValueError(
+                        f"verdict on {v.criterion!r} cites step {s}, but the trajectory has {n_steps} steps"
+                    )
+                (passes if v.score == 1 else fails)[s - 1] += 1
+        return passes, fails
+
+
+class StageUsage(_Model):
+    """What the judge cost in one stage of the pipeline (or in total)."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    latency_s: float = 0.0
+    cache_hits: int = 0
+
+    def add(self, other: StageUsage) -> StageUsage:
+        return StageUsage(**{k: getattr(self, k) + getattr(other, k) for k in StageUsage.model_fields})
+
+
+class GroupScore(_Model):
+    """The reward for one group of G rollouts of one task.
+
+    ``criteria`` are the ones that survived discriminative dropout; ``dropped`` names those
+    removed by it. ``fallbacks`` lists every stage that failed and what was done instead:
+    a fallback is always recorded, never silent.
+    """
+
+    criteria: list[Criterion] = Field(default_factory=list)
+    scores: list[TrajectoryScore] = Field(default_factory=list)
+    dropped: list[str] = Field(default_factory=list)
+    usage: dict[str, StageUsage] = Field(default_factory=dict)
+    fallbacks: list[str] = Field(default_factory=list)
+
+    @property
+    def rewards(self) -> list[float]:
+        return [s.reward for s in self.scores]
+
+    @property
+    def total_usage(self) -> StageUsage:
+        total = StageUsage()
+        for stage in self.usage.values():
+            total = total.add(stage)
+        return total

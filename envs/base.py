@@ -1,0 +1,234 @@
+"""The code-step environment: one Gymnasium step is one assistant message.
+
+Every text tool-use environment in draco-gym (AppWorld, tau-bench, PythonTools, yours)
+subclasses ``CodeStepEnv`` and implements three hooks:
+
+    _start(seed, options) -> Task   pick and load the task; Task.agent_prompt is the first
+                                    observation
+    _execute(code) -> Execution     run one code block in the task's world
+    _evaluate() -> dict             the environment's own evaluation, once, at episode end
+
+The base class owns everything that must behave the same across environments: finding the
+code block (``draco_gym.codeblock``), the end rule, the turn budget, observation truncation,
+and recording the episode as a ``Trajectory``. The Gymnasium reward is always 0: in this
+library rewards come from the rubric layer, which sees the whole group of rollouts.
+
+End rules (``end_rule``):
+  - ``"no_code"`` (DRACO, default): the episode ends when a message carries no code block,
+    so a short closing message after the task is submitted is the normal ending.
+  - ``"task_completed"`` (LOOP): the episode ends when the environment reports the task
+    submitted; a message without code is an error observation.
+The episode is truncated (``max_turns``) after ``max_turns`` messages.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import gymnasium as gym
+from gymnasium import spaces
+
+from draco_gym.codeblock import DEFAULT_LANGUAGES, MULTI_BLOCK_POLICIES, MultiBlockPolicy, parse_message
+from draco_gym.types import Step, Task, Termination, Trajectory
+
+EndRule = Literal["no_code", "task_completed"]
+END_RULES: tuple[str, ...] = ("no_code", "task_completed")
+
+MAX_TEXT_CHARS = 1_000_000
+"""Upper bound on the length of any message or observation (the Text spaces' max_length)."""
+
+
+@functools.lru_cache(maxsize=1)
+def unicode_charset() -> str:
+    """Every Unicode scalar value (surrogates excluded).
+
+    Gymnasium's ``Text`` defaults to an alphanumeric charset, and ``check_env`` then rejects
+    any observation holding a newline or a brace, i.e. every real tool output. Building this
+    set takes about a second, so it is built once per process and shared by all spaces.
+    """
+    return "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
+
+
+@functools.lru_cache(maxsize=None)
+def text_space(max_length: int = MAX_TEXT_CHARS) -> spaces.Text:
+    """A ``Text`` space over all of Unicode (shared instances: building one costs ~1 s)."""
+    return spaces.Text(max_length=max_length, min_length=0, charset=unicode_charset())
+
+
+@dataclass(frozen=True)
+class Execution:
+    """What running one code block produced.
+
+    ``error`` is a short description when the code failed (the agent sees it inside
+    ``output``); ``submitted`` is the environment's completion signal; ``fatal`` means the
+    environment itself broke and the episode cannot go on (termination ``env_error``).
+    """
+
+    output: str
+    error: str | None = None
+    submitted: bool = False
+    fatal: bool = False
+
+
+def truncate_middle(text: str, limit: int) -> str:
+    """Keep the head and tail of a long output; the cut is marked with its size."""
+    if len(text) <= limit:
+        return text
+    marker = "\n[... {} characters truncated ...]\n"
+    room = max(limit - len(marker.format(len(text))), 0)
+    head, tail = room - room // 3, room // 3
+    return text[:head] + marker.format(len(text) - head - tail) + (text[-tail:] if tail else "")
+
+
+class CodeStepEnv(gym.Env[str, str]):
+    """Base class; see the module docstring. Subclasses set ``can_restore = True`` when
+    replaying an episode's messages into a fresh episode reproduces its state (needed by
+    ProVer's restarts)."""
+
+    metadata = {"render_modes": ["ansi"]}
+    can_restore: bool = False
+
+    def __init__(
+        self,
+        *,
+        end_rule: EndRule = "no_code",
+        max_turns: int = 50,
+        max_observation_chars: int = 12_000,
+        multi_block: MultiBlockPolicy = "reject",
+        languages: tuple[str, ...] = DEFAULT_LANGUAGES,
+        render_mode: str | None = None,
+    ) -> None:
+        if end_rule not in END_RULES:
+            raise ValueError(f"end_rule must be one of {END_RULES}, got {end_rule!r}")
+        if multi_block not in MULTI_BLOCK_POLICIES:
+            raise ValueError(f"multi_block must be one of {MULTI_BLOCK_POLICIES}, got {multi_block!r}")
+        if not isinstance(max_turns, int) or max_turns < 1:
+            raise ValueError(f"max_turns must be a positive integer, got {max_turns!r}")
+        if max_observation_chars < 100:
+            raise ValueError(f"max_observation_chars must be >= 100, got {max_observation_chars}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+        self.end_rule = end_rule
+        self.max_turns = max_turns
+        self.max_observation_chars = max_observation_chars
+        self.multi_block = multi_block
+        self.languages = tuple(languages)
+        self.render_mode = render_mode
+        self.observation_space = text_space()
+        self.action_space = text_space()
+        self._task: Task | None = None
+        self._steps: list[Step] = []
+        self._termination: str | None = None
+        self._metrics: dict[str, Any] = {}
+        self._counts = {"parse_errors": 0, "exec_errors": 0}
+
+    # -- hooks ---------------------------------------------------------------------------
+
+    def _start(self, seed: int | None, options: dict[str, Any]) -> Task:
+        raise NotImplementedError
+
+    def _execute(self, code: str) -> Execution:
+        raise NotImplementedError
+
+    def _evaluate(self) -> dict[str, Any]:
+        return {}
+
+    # -- Gymnasium API -------------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        super().reset(seed=seed)
+        self._task = self._start(seed, dict(options or {}))
+        self._steps = []
+        self._termination = None
+        self._metrics = {}
+        self._counts = {"parse_errors": 0, "exec_errors": 0}
+        return self._task.agent_prompt, {"task_id": self._task.id}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        if self._task is None:
+            raise gym.error.ResetNeeded("call reset() before step()")
+        if self._termination is not None:
+            raise gym.error.ResetNeeded(f"the episode has ended ({self._termination}); call reset()")
+
+        index = len(self._steps) + 1
+        parsed = parse_message(action, multi_block=self.multi_block, languages=self.languages)
+        info: dict[str, Any] = {"task_id": self._task.id, "step": index, "parse": parsed.to_info()}
+        text = action if isinstance(action, str) else repr(action)
+        terminated = False
+
+        if parsed.code is not None:
+            execution = self._execute(parsed.code)
+            observation = truncate_middle(execution.output, self.max_observation_chars)
+            info["exec_error"] = execution.error
+            self._counts["exec_errors"] += execution.error is not None
+            if execution.fatal:
+                terminated, self._termination = True, Termination.ENV_ERROR
+            elif execution.submitted and self.end_rule == "task_completed":
+                terminated, self._termination = True, Termination.SUBMITTED
+            if execution.submitted:
+                info["submitted"] = True
+        elif parsed.error is not None:
+            self._counts["parse_errors"] += 1
+            observation = f"Error: {parsed.error}."
+        elif self.end_rule == "no_code":
+            observation = ""
+            terminated, self._termination = True, Termination.NO_CODE
+        else:
+            self._counts["parse_errors"] += 1
+            observation = "Error: no code block found. Put the code to run in one ```python block."
+
+        self._steps.append(Step(index=index, text=text, code=parsed.code, observation=observation, info=info))
+        truncated = not terminated and index >= self.max_turns
+        if truncated:
+            self._termination = Termination.MAX_TURNS
+        if terminated or truncated:
+            self._metrics = self._safe_evaluate()
+            info["metrics"] = self._metrics
+            info["trajectory"] = self.trajectory()
+        return observation, 0.0, terminated, truncated, info
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        if not self._steps:
+            return self._task.agent_prompt if self._task else ""
+        last = self._steps[-1]
+        return f"[step {last.index}]\n{last.text}\n[observation]\n{last.observation}"
+
+    # -- episode record -----------------------------------------------------------------
+
+    @property
+    def task(self) -> Task:
+        if self._task is None:
+            raise gym.error.ResetNeeded("no task yet; call reset()")
+        return self._task
+
+    def trajectory(self) -> Trajectory:
+        """The episode so far (or finished) in the library's data model."""
+        return Trajectory(
+            task=self.task,
+            steps=[s.model_copy(deep=True) for s in self._steps],
+            termination=self._termination,
+            metrics={**self._metrics, **self._counts},
+        )
+
+    def restore(self, task_id: str, messages: list[str], seed: int | None = None) -> tuple[str, dict]:
+        """Start ``task_id`` afresh and replay ``messages`` through ``step``: the state an
+        episode had after those messages, when the environment is deterministic
+        (``can_restore``). Returns the last observation and info."""
+        if not self.can_restore:
+            raise NotImplementedError(f"{type(self).__name__} cannot restore episode state")
+        observation, info = self.reset(seed=seed, options={"task_id": task_id})
+        for message in messages:
+            observation, _, terminated, truncated, info = self.step(message)
+            if terminated or truncated:
+                raise ValueError("replayed messages ended the episode; restore needs a non-terminal prefix")
+        return observation, info
+
+    def _safe_evaluate(self) -> dict[str, Any]:
+        try:
+            return dict(self._evaluate())
+        except Exception as exc:  # noqa: BLE001 - an evaluation failure must not lose the episode
+            return {"evaluation_error": f"{type(exc).__name__}: {exc}"}

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The test command: the default suite, then the slow tests. pytest's exit code 5 (no tests
+# collected) is a failure here, not a pass.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export RAY_AUTH_MODE=disabled
+export LITELLM_LOCAL_MODEL_COST_MAP=True
+
+run() {
+  python -m pytest "$@"
+  local rc=$?
+  if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi
+  if [ "$rc" -ne 0 ]; then exit "$rc"; fi
+}
+run -q
+run -q -m slow
