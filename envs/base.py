@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import gymnasium as gym
+import numpy as np
 from gymnasium import spaces
 
 from draco_gym.codeblock import DEFAULT_LANGUAGES, MULTI_BLOCK_POLICIES, MultiBlockPolicy, parse_message
@@ -42,19 +43,51 @@ MAX_TEXT_CHARS = 1_000_000
 
 @functools.lru_cache(maxsize=1)
 def unicode_charset() -> str:
-    """Every Unicode scalar value (surrogates excluded).
-
-    Gymnasium's ``Text`` defaults to an alphanumeric charset, and ``check_env`` then rejects
-    any observation holding a newline or a brace, i.e. every real tool output. Building this
-    set takes about a second, so it is built once per process and shared by all spaces.
-    """
+    """Every Unicode scalar value (surrogates excluded)."""
     return "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
 
 
-@functools.lru_cache(maxsize=None)
-def text_space(max_length: int = MAX_TEXT_CHARS) -> spaces.Text:
-    """A ``Text`` space over all of Unicode (shared instances: building one costs ~1 s)."""
-    return spaces.Text(max_length=max_length, min_length=0, charset=unicode_charset())
+class UnicodeText(spaces.Text):
+    """A ``Text`` space over all of Unicode.
+
+    Gymnasium's ``Text`` defaults to an alphanumeric charset, and ``check_env`` then rejects
+    any observation holding a newline or a brace, i.e. every real tool output. Over the
+    full charset, ``Text.__init__`` spends ~3 s building index tables that only flattening
+    uses; this subclass builds the set and list it needs for ``contains`` and ``sample``
+    (shared by all instances) and the rest on first use, and pickles as its arguments.
+    """
+
+    def __init__(self, max_length: int = 1_000_000, min_length: int = 0) -> None:
+        if not 0 <= min_length <= max_length:
+            raise ValueError(f"need 0 <= min_length <= max_length, got {min_length}, {max_length}")
+        self.min_length, self.max_length = int(min_length), int(max_length)
+        self._char_set, self._char_list = _unicode_tables()
+        spaces.Space.__init__(self, dtype=str)
+
+    @functools.cached_property
+    def _char_index(self) -> dict[str, np.int32]:
+        return {c: np.int32(i) for i, c in enumerate(self._char_list)}
+
+    @functools.cached_property
+    def _char_str(self) -> str:
+        return unicode_charset()
+
+    def __reduce__(self):
+        return (type(self), (self.max_length, self.min_length))
+
+    def __repr__(self) -> str:
+        return f"UnicodeText({self.min_length}, {self.max_length})"
+
+
+@functools.lru_cache(maxsize=1)
+def _unicode_tables() -> tuple[frozenset[str], tuple[str, ...]]:
+    chars = unicode_charset()
+    return frozenset(chars), tuple(chars)
+
+
+def text_space(max_length: int = MAX_TEXT_CHARS) -> UnicodeText:
+    """The Text space of every code-step message and observation."""
+    return UnicodeText(max_length=max_length)
 
 
 @dataclass(frozen=True)
@@ -87,7 +120,7 @@ class CodeStepEnv(gym.Env[str, str]):
     replaying an episode's messages into a fresh episode reproduces its state (needed by
     ProVer's restarts)."""
 
-    metadata = {"render_modes": ["ansi"]}
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
     can_restore: bool = False
 
     def __init__(

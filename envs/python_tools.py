@@ -1,0 +1,312 @@
+"""PythonTools: any set of plain Python functions as a code-step tool-use environment.
+
+The agent's code block runs in a separate interpreter (``sandbox_worker.py``) that keeps its
+variables across steps, has the tools and a ``submit(answer)`` function in scope, and runs
+under a wall-clock timeout, memory/CPU/file-size limits, no network, no subprocesses and no
+writes outside a per-episode temporary directory. It is the template for plugging any other
+text tool-use environment into draco-gym, and the fast environment of the unit tests.
+
+    env = gym.make("draco_gym/PythonTools-v0")                 # the built-in shop tasks
+    env = PythonToolsEnv(tools=[my_api.search, my_api.buy],    # your own tools and tasks
+                         tasks=[{"id": "t1", "instruction": "...", "answer": 42}])
+
+Tools must be importable top-level functions (the worker imports them by name) or
+``"module:function"`` strings. A task is solved when the submitted answer equals its
+``answer`` (numbers compared with a tolerance, text case- and space-insensitively).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from draco_gym.envs.base import CodeStepEnv, Execution
+from draco_gym.types import Task
+
+WORKER = Path(__file__).with_name("sandbox_worker.py")
+
+
+class SandboxError(RuntimeError):
+    """The interpreter process could not start, died, or stopped answering."""
+
+
+class Sandbox:
+    """One interpreter process with a private temporary directory."""
+
+    def __init__(
+        self,
+        tools: Sequence[str],
+        *,
+        memory_mb: int = 1024,
+        cpu_s: int = 120,
+        file_mb: int = 16,
+        output_limit: int = 100_000,
+        start_timeout_s: float = 30.0,
+    ) -> None:
+        self.tools = list(tools)
+        self.limits = {"memory_mb": memory_mb, "cpu_s": cpu_s, "file_mb": file_mb, "output_limit": output_limit}
+        self.start_timeout_s = start_timeout_s
+        self.workdir: str | None = None
+        self._proc: subprocess.Popen | None = None
+        self._pending = b""
+
+    def start(self) -> None:
+        self.close()
+        self.workdir = tempfile.mkdtemp(prefix="draco_pythontools_")
+        config = {**self.limits, "tools": self.tools, "workdir": self.workdir,
+                  "sys_path": [p for p in sys.path if p]}
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", "-B", str(WORKER), json.dumps(config)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=self.workdir,
+            start_new_session=True,  # its own process group, so close() kills anything it left
+        )
+        self._pending = b""
+        try:
+            self._read(time.monotonic() + self.start_timeout_s)
+        except SandboxError as exc:
+            stderr = self._stderr()
+            self.close()
+            raise SandboxError(f"the PythonTools interpreter failed to start: {exc}\n{stderr}".rstrip()) from None
+
+    def run(self, code: str, timeout_s: float) -> dict[str, Any]:
+        """Run one block; raises TimeoutError (process killed) or SandboxError (it died)."""
+        if self._proc is None or self._proc.poll() is not None:
+            raise SandboxError("the interpreter is not running")
+        try:
+            self._proc.stdin.write((json.dumps({"code": code}) + "\n").encode())
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError) as exc:
+            raise SandboxError(f"the interpreter stopped accepting code ({exc})") from None
+        try:
+            return self._read(time.monotonic() + timeout_s)
+        except TimeoutError:
+            self.close()
+            raise
+
+    def _read(self, deadline: float) -> dict[str, Any]:
+        fd = self._proc.stdout.fileno()
+        while b"\n" not in self._pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                code = self._proc.wait()
+                reason = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                raise SandboxError(f"the interpreter died ({reason})")
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        return json.loads(line)
+
+    def _stderr(self) -> str:
+        if self._proc is None or self._proc.stderr is None:
+            return ""
+        try:
+            if self._proc.poll() is None:
+                return ""
+            return self._proc.stderr.read().decode(errors="replace")[-2000:]
+        except (OSError, ValueError):
+            return ""
+
+    def close(self) -> None:
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                try:
+                    os.killpg(self._proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    self._proc.kill()
+            self._proc.wait()
+            for stream in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
+                if stream is not None:
+                    stream.close()
+            self._proc = None
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+
+def tool_spec(tool: Callable | str) -> str:
+    """``"module:qualname"`` for a tool, checking the worker will be able to import it."""
+    if isinstance(tool, str):
+        if ":" not in tool:
+            raise ValueError(f"tool {tool!r} must be written 'module:function'")
+        return tool
+    module, qualname = getattr(tool, "__module__", None), getattr(tool, "__qualname__", "")
+    if not callable(tool) or module is None or "<" in qualname or module == "__main__":
+        raise ValueError(
+            f"tool {tool!r} must be a top-level function of an importable module "
+            "(not a lambda, a nested function or a function defined in __main__)"
+        )
+    return f"{module}:{qualname}"
+
+
+def describe_tool(tool: Callable | str) -> str:
+    """One tool's signature and docstring, as the agent sees it."""
+    if isinstance(tool, str):
+        import importlib
+
+        module_name, _, qualname = tool.partition(":")
+        tool = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            tool = getattr(tool, part)
+    doc = inspect.getdoc(tool) or ""
+    return f"{tool.__name__}{inspect.signature(tool)}\n" + "\n".join(f"    {line}" for line in doc.splitlines())
+
+
+def answers_match(submitted: Any, expected: Any) -> bool:
+    """Numbers within 1e-6 (relative), everything else as case- and space-insensitive text."""
+    if isinstance(expected, (int, float)) and not isinstance(expected, bool):
+        try:
+            value = float(str(submitted).replace(",", "").strip())
+        except (TypeError, ValueError):
+            return False
+        return abs(value - expected) <= 1e-6 * max(1.0, abs(expected))
+    normal = lambda x: " ".join(str(x).split()).lower()  # noqa: E731
+    return normal(submitted) == normal(expected)
+
+
+PROMPT = """You are an agent that solves tasks by writing Python code.
+
+Each of your messages may contain one Python code block (```python ... ```). It runs in a
+persistent Python session, and what it prints comes back to you. Variables persist between
+your messages. Print what you need to see; explore before you answer.
+
+These functions are available in the session:
+
+{tools}
+
+submit(answer)
+    Submit your final answer to the task. Call it exactly once, when you are sure.
+
+After submitting, reply with a short message without a code block to finish.
+
+Task: {instruction}"""
+
+
+class PythonToolsEnv(CodeStepEnv):
+    """See the module docstring. Deterministic given the code, so episodes can be restored."""
+
+    can_restore = True
+
+    def __init__(
+        self,
+        tools: Sequence[Callable | str] | None = None,
+        tasks: Sequence[Task | dict] | None = None,
+        *,
+        step_timeout_s: float = 10.0,
+        memory_mb: int = 1024,
+        cpu_s: int = 120,
+        file_mb: int = 16,
+        output_limit: int = 100_000,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if tools is None:
+            from draco_gym.envs import shop
+
+            tools = shop.TOOLS
+            tasks = shop.tasks() if tasks is None else tasks
+        if not tasks:
+            raise ValueError("PythonToolsEnv needs tasks: a list of Task objects or {'id', 'instruction', 'answer'} dicts")
+        if step_timeout_s <= 0:
+            raise ValueError(f"step_timeout_s must be > 0, got {step_timeout_s}")
+        self.step_timeout_s = step_timeout_s
+        self._tool_specs = [tool_spec(t) for t in tools]
+        self._tool_docs = "\n\n".join(describe_tool(t) for t in tools)
+        self._tasks = {t.id: t for t in (self._as_task(x) for x in tasks)}
+        self._sandbox = Sandbox(self._tool_specs, memory_mb=memory_mb, cpu_s=cpu_s, file_mb=file_mb,
+                                output_limit=output_limit)
+        self._answer: Any = None
+        self._submitted = False
+        self._replay: list[str] = []
+
+    @property
+    def task_ids(self) -> list[str]:
+        return list(self._tasks)
+
+    @staticmethod
+    def _as_task(item: Task | dict) -> Task:
+        if isinstance(item, Task):
+            return item
+        if not isinstance(item, dict) or "id" not in item or "instruction" not in item:
+            raise ValueError(f"a task must be a Task or a dict with 'id' and 'instruction', got {item!r}")
+        metadata = dict(item.get("metadata", {}))
+        if "answer" in item:
+            metadata["answer"] = item["answer"]
+        return Task(id=str(item["id"]), instruction=item["instruction"], metadata=metadata)
+
+    def _start(self, seed: int | None, options: dict[str, Any]) -> Task:
+        unknown = set(options) - {"task_id"}
+        if unknown:
+            raise ValueError(f"unknown reset options {sorted(unknown)}; PythonTools accepts 'task_id'")
+        if "task_id" in options:
+            task_id = options["task_id"]
+            if task_id not in self._tasks:
+                raise ValueError(f"unknown task_id {task_id!r}; this environment has {len(self._tasks)} tasks, "
+                                 f"e.g. {self.task_ids[:3]}")
+        else:
+            task_id = self.task_ids[int(self.np_random.integers(len(self._tasks)))]
+        task = self._tasks[task_id]
+        self._sandbox.start()
+        self._answer, self._submitted, self._replay = None, False, []
+        prompt = PROMPT.format(tools=self._tool_docs, instruction=task.instruction)
+        return task.model_copy(update={"agent_prompt": prompt})
+
+    def _execute(self, code: str) -> Execution:
+        try:
+            reply = self._sandbox.run(code, self.step_timeout_s)
+        except TimeoutError:
+            note = f"TimeoutError: the code ran longer than {self.step_timeout_s:g} s and was stopped."
+            return self._recover(note, "TimeoutError")
+        except SandboxError as exc:
+            return self._recover(f"Error: {exc}.", "SandboxError")
+        self._replay.append(code)
+        if reply["submitted"]:
+            self._answer, self._submitted = reply.get("answer"), True
+        return Execution(output=reply["output"], error=reply["error"], submitted=reply["submitted"])
+
+    def _recover(self, note: str, error: str) -> Execution:
+        """Start a fresh interpreter and re-run the episode's earlier blocks, so the agent
+        keeps its variables; if that fails too, the episode ends as ``env_error``."""
+        try:
+            self._sandbox.start()
+            for block in self._replay:
+                self._sandbox.run(block, self.step_timeout_s)
+        except (TimeoutError, SandboxError) as exc:
+            return Execution(output=f"{note}\nThe session could not be restored ({exc!r}).", error=error, fatal=True)
+        restored = " Earlier steps were re-run, so their variables are back." if self._replay else ""
+        return Execution(output=f"{note} The Python session was restarted.{restored}", error=error)
+
+    def _evaluate(self) -> dict[str, Any]:
+        expected = self.task.metadata.get("answer")
+        metrics: dict[str, Any] = {"submitted": self._submitted, "answer": self._answer}
+        if expected is not None:
+            metrics["success"] = self._submitted and answers_match(self._answer, expected)
+        return metrics
+
+    def close(self) -> None:
+        self._sandbox.close()
+        super().close()
+
+    def __del__(self) -> None:
+        try:
+            self._sandbox.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
