@@ -1,0 +1,186 @@
+"""τ-bench as a code-step Gymnasium environment: ``draco_gym/TauBench-v0``.
+
+    env = gym.make("draco_gym/TauBench-v0", backend="tau2", domain="retail", task_id="0",
+                   user={"type": "llm", "model": "gpt-4.1", "base_url": "http://127.0.0.1:8000/v1"})
+
+One step is one agent message. A message with one code block holding one tool call runs that
+tool (``actions.py`` says what a well-formed call is); a message with no code block is said to
+the customer, whose reply is the next observation; anything malformed is an error observation
+for the agent alone, and the episode goes on. The episode ends when the customer writes a
+stop token (termination ``user_stop``), the agent writes ``###STOP###`` (``agent_stop``), the
+official limits are hit (``max_steps`` messages of any role, ``max_errors`` failed tool
+calls), ``max_turns`` agent messages pass, or the user simulator fails (``env_error``).
+
+The first observation is the agent prompt: instructions, the domain policy, the tool
+signatures, then the conversation so far (the agent's fixed greeting and the customer's first
+message). At the end ``info["metrics"]`` holds the benchmark's own grade (``reward``,
+``success``, ``db_match`` and the full evaluation record) plus the user's description
+(model and endpoint for an LLM user). The Gymnasium reward is 0, as for every draco-gym env.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+
+from draco_gym.codeblock import MultiBlockPolicy
+from draco_gym.envs.base import CodeStepEnv, truncate_middle
+from draco_gym.envs.tau.backends import Backend, BackendError, make_backend
+from draco_gym.envs.tau.conversation import (
+    LANGUAGES,
+    Conversation,
+    Turn,
+    agent_system_prompt,
+    render_lines,
+)
+from draco_gym.envs.tau.users import User, UserContext, make_user
+from draco_gym.types import Step, Task, Termination
+
+
+class TauBenchEnv(CodeStepEnv):
+    """See the module docstring. ``backend`` is "tau2", "tau_bench" or a built ``Backend``
+    (share one across envs to load the task set once); other keyword arguments go to the
+    backend (``task_split``, ``retrieval_variant``, ``env_kwargs``, ...). ``task_id`` fixes
+    the task; otherwise ``reset(options={"task_id": ...})`` picks it, or the seed does."""
+
+    def __init__(
+        self,
+        backend: str | Backend = "tau2",
+        domain: str = "mock",
+        *,
+        task_id: str | int | None = None,
+        user: User | str | dict[str, Any] | None = None,
+        max_turns: int = 50,
+        max_steps: int = 100,
+        max_errors: int = 10,
+        max_observation_chars: int = 12_000,
+        multi_block: MultiBlockPolicy = "reject",
+        render_mode: str | None = None,
+        **backend_options: Any,
+    ) -> None:
+        super().__init__(
+            max_turns=max_turns,
+            max_observation_chars=max_observation_chars,
+            multi_block=multi_block,
+            languages=LANGUAGES,
+            render_mode=render_mode,
+        )
+        self.backend = backend if isinstance(backend, Backend) else make_backend(backend, domain, **backend_options)
+        self.user = make_user(user)
+        self.task_id = None if task_id is None else self.backend.check_task(task_id)
+        self.conversation = Conversation(self.backend, multi_block=multi_block, max_steps=max_steps, max_errors=max_errors)
+        self._system_prompt = ""
+        self._opening = ""
+
+    # -- CodeStepEnv hooks -----------------------------------------------------------------
+
+    def _start(self, seed: int | None, options: dict[str, Any]) -> Task:
+        unknown = sorted(set(options) - {"task_id"})
+        if unknown:
+            raise ValueError(f"unknown reset options {unknown}; TauBench accepts only 'task_id'")
+        task_id = options.get("task_id", self.task_id)
+        if task_id is None:
+            ids = self.backend.task_ids()
+            task_id = ids[int(self.np_random.integers(len(ids)))]
+        spec = self.conversation.start(self.backend.check_task(task_id))
+        self.user.reset(
+            UserContext(
+                instructions=spec.instruction,
+                system_prompt=spec.user_system_prompt,
+                tools=spec.user_tools,
+                call_tool=self.conversation.user_tool_output if spec.user_tools else None,
+            )
+        )
+        lines = list(spec.opening.history)
+        if spec.opening.user_first:
+            turn = self.conversation.act("user", self.user.respond(lines[-1][1]), tools_allowed=False)
+            if turn.kind == "error":
+                raise BackendError(f"the user simulator's opening message is unusable: {turn.info['action_error']}")
+            lines.append(("user", turn.message or ""))
+        self._system_prompt = agent_system_prompt(spec)
+        self._opening = render_lines(lines, me="agent")
+        return Task(
+            id=spec.id,
+            instruction=spec.instruction,
+            agent_prompt=f"{self._system_prompt}\n\n{self._opening}",
+            metadata={**spec.metadata, "user": self.user.describe()},
+        )
+
+    def _evaluate(self) -> dict[str, Any]:
+        grade = self.backend.evaluate(self._termination or "")
+        return {
+            **grade,
+            "user": self.user.describe(),
+            "messages": self.conversation.steps,
+            "tool_errors": self.conversation.tool_errors,
+        }
+
+    # -- Gymnasium API ---------------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        observation, info = super().reset(seed=seed, options=options)
+        return observation, {**info, "user": self.user.describe()}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        if self._task is None:
+            raise gym.error.ResetNeeded("call reset() before step()")
+        if self._termination is not None:
+            raise gym.error.ResetNeeded(f"the episode has ended ({self._termination}); call reset()")
+        index = len(self._steps) + 1
+        info: dict[str, Any] = {"task_id": self._task.id, "step": index}
+        turn = self.conversation.act("assistant", action)
+        info.update(turn.info)
+        termination, observation = None, turn.observation
+        if turn.kind == "error":
+            self._counts["parse_errors"] += 1
+        elif turn.kind == "tool":
+            self._counts["exec_errors"] += bool(turn.info["tool_error"])
+        elif turn.kind == "stop":
+            termination = Termination.SUBMITTED if "tool_call" in turn.info else "agent_stop"
+        else:
+            termination, observation = self._user_reply(turn.message or "", info)
+        truncated = False
+        if termination is None:
+            limit = self.conversation.limit_reached()
+            if limit == "too_many_errors":
+                termination = limit
+            elif limit == "max_steps" or index >= self.max_turns:
+                truncated, self._termination = True, limit or Termination.MAX_TURNS
+        terminated = termination is not None
+        if terminated:
+            self._termination = termination
+        observation = truncate_middle(observation, self.max_observation_chars)
+        text = action if isinstance(action, str) else repr(action)
+        self._steps.append(Step(index=index, text=text, code=info.get("tool_call"), observation=observation, info=info))
+        if terminated or truncated:
+            self._metrics = self._safe_evaluate()
+            info["metrics"] = self._metrics
+            info["trajectory"] = self.trajectory()
+        return observation, 0.0, terminated, truncated, info
+
+    def _user_reply(self, message: str, info: dict[str, Any]) -> tuple[str | None, str]:
+        """Send the agent's message to the customer; returns (termination or None, observation)."""
+        try:
+            reply = self.user.respond(message)
+        except Exception as exc:  # noqa: BLE001 - a broken user simulator ends the episode, recorded
+            info["user_error"] = f"{type(exc).__name__}: {exc}"
+            return Termination.ENV_ERROR, ""
+        turn: Turn = self.conversation.act("user", reply, tools_allowed=False)
+        if turn.kind == "error":  # the simulator said nothing: the conversation cannot go on
+            info["user_error"] = turn.info["action_error"]
+            return Termination.ENV_ERROR, ""
+        info["user_message"] = turn.message
+        return (Termination.USER_STOP if turn.kind == "stop" else None), f"User: {turn.message}"
+
+    # -- chat view -------------------------------------------------------------------------
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        """The episode so far as chat messages for a policy: the agent prompt as system
+        message, the opening as first user message, then each step's action and observation."""
+        messages = [{"role": "system", "content": self._system_prompt}, {"role": "user", "content": self._opening}]
+        for step in self._steps:
+            messages.append({"role": "assistant", "content": step.text})
+            if step.observation:
+                messages.append({"role": "user", "content": step.observation})
+        return messages
