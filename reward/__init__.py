@@ -1,0 +1,66 @@
+"""Rubric rewards: trajectory rewards with step citations, usable from any RL loop.
+
+    from draco_gym.reward import DynamicRubricReward, OpenAIJudge
+
+    judge = OpenAIJudge("Qwen/Qwen3-32B", base_url="http://localhost:8000/v1")
+    reward = DynamicRubricReward(judge, cache_dir=".judge_cache")
+    group = reward.score_group(task, trajectories)      # or: await reward.ascore_group(...)
+    group.rewards                                       # R_i per rollout
+    group.scores[i].verdicts                            # verdicts citing 1-based steps
+
+Rewards by name (``REWARDS``, ``build_reward``): "dynamic" (DRACO), "static", "rule"
+(judge-free, the offline default), "outcome". Judges by name (``JUDGES``,
+``build_judge``): "openai", "transformers". Importing this package never imports torch,
+ray or transformers; ``TransformersJudge`` loads them when it is built.
+"""
+
+from draco_gym.reward.answers import InvalidAnswer
+from draco_gym.reward.base import REWARDS, RubricReward, build_reward, discriminative_dropout, finalize_group
+from draco_gym.reward.client import DiskCache, JudgeClient, JudgeSettings, Price, StageFailed, UsageMeter
+from draco_gym.reward.dynamic import DynamicRubricReward
+from draco_gym.reward.judge import JUDGES, Judge, JudgeReply, JudgeUnavailable, OpenAIJudge, build_judge
+from draco_gym.reward.judging import combine_samples
+from draco_gym.reward.outcome import OutcomeReward
+from draco_gym.reward.rules import FAMILIES, RuleRubricReward, foundational_rewards, item_score, transition_items
+from draco_gym.reward.static import STATIC_CRITERIA, StaticRubricReward
+from draco_gym.reward.trl import TRLReward
+
+__all__ = [
+    "FAMILIES",
+    "JUDGES",
+    "REWARDS",
+    "STATIC_CRITERIA",
+    "DiskCache",
+    "DynamicRubricReward",
+    "InvalidAnswer",
+    "Judge",
+    "JudgeClient",
+    "JudgeReply",
+    "JudgeSettings",
+    "JudgeUnavailable",
+    "OpenAIJudge",
+    "OutcomeReward",
+    "Price",
+    "RubricReward",
+    "RuleRubricReward",
+    "StageFailed",
+    "StaticRubricReward",
+    "TRLReward",
+    "UsageMeter",
+    "build_judge",
+    "build_reward",
+    "combine_samples",
+    "discriminative_dropout",
+    "finalize_group",
+    "foundational_rewards",
+    "item_score",
+    "score_group",
+    "transition_items",
+]
+
+
+def score_group(task, trajectories, reward="dynamic", **options):
+    """One call for any loop: build the reward named ``reward`` with ``options`` and score
+    one group. Build the reward once yourself when scoring many groups (it caches)."""
+    built = reward if isinstance(reward, RubricReward) else build_reward(reward, **options)
+    return built.score_group(task, trajectories)

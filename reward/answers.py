@@ -1,0 +1,351 @@
+"""What the judge must answer at each stage, and the checks an answer must pass.
+
+Each stage has a pydantic model (the shape) and a check function (the rules the shape
+cannot express: limits, titles that match the rubric, step numbers inside the trajectory,
+every PASS or FAIL citing a step). Both produce plain error strings, because they are sent
+back to the judge in a repair request: the judge sees exactly what was wrong.
+
+The JSON schema sent to the server is built per call from the same models, with the
+rubric's titles as an enum and the trajectory's step range as bounds, so a server that
+enforces schemas (vLLM guided decoding, OpenAI structured output) cannot produce the most
+common mistakes in the first place; the checks still run on every answer.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from draco_gym.types import Criterion, Verdict
+
+STAGES = ("propose", "augment", "merge", "score", "attribute", "score_attribute")
+
+TITLE_WORDS = (3, 8)
+"""A criterion title has 3 to 8 words (DRACO's propose rule)."""
+
+VERDICT_SCORES = {"PASS": 1, "FAIL": -1, "NOT_APPLICABLE": 0}
+
+
+class InvalidAnswer(ValueError):
+    """The judge's answer cannot be used; ``errors`` are sent back to it for repair."""
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(errors))
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class DraftCriterion(_Answer):
+    title: str = Field(min_length=1)
+    description: str = Field(min_length=1)
+    evaluator_instruction: str = Field(min_length=1)
+    grounding_references: list[str] = Field(default_factory=list)
+
+
+class ProposeAnswer(_Answer):
+    criteria: list[DraftCriterion]
+
+
+class AugmentedCriterion(DraftCriterion):
+    trajectory_evidence: str = Field(min_length=1)
+
+
+class AugmentAnswer(_Answer):
+    criteria: list[AugmentedCriterion]
+
+
+class MergedCriterion(DraftCriterion):
+    origin: Literal["instruction", "trajectory"]
+    trajectory_evidence: str | None = None
+
+
+class MergeAnswer(_Answer):
+    criteria: list[MergedCriterion]
+
+
+class ScoreItem(_Answer):
+    criterion: str
+    score: Literal[-1, 0, 1]
+    evidence: str
+    justification: str
+
+
+class ScoreAnswer(_Answer):
+    verdicts: list[ScoreItem]
+
+
+class AttributionItem(_Answer):
+    criterion: str
+    verdict: Literal["PASS", "FAIL", "NOT_APPLICABLE"]
+    steps: list[int]
+    reason: str = ""
+
+
+class AttributeAnswer(_Answer):
+    attributions: list[AttributionItem]
+
+
+class FusedItem(_Answer):
+    criterion: str
+    verdict: Literal["PASS", "FAIL", "NOT_APPLICABLE"]
+    steps: list[int]
+    evidence: str
+    justification: str
+
+
+class FusedAnswer(_Answer):
+    verdicts: list[FusedItem]
+
+
+ANSWER_MODELS: dict[str, type[_Answer]] = {
+    "propose": ProposeAnswer,
+    "augment": AugmentAnswer,
+    "merge": MergeAnswer,
+    "score": ScoreAnswer,
+    "attribute": AttributeAnswer,
+    "score_attribute": FusedAnswer,
+}
+
+
+# -- parsing -------------------------------------------------------------------------------
+
+_FENCE = re.compile(r"^```[a-zA-Z]*\s*\n(.*)\n```\s*$", re.DOTALL)
+
+
+def extract_json(text: str) -> Any:
+    """The JSON object in a reply. Tolerates a Markdown fence or prose around one object,
+    which weaker judges add even when told not to; anything else is an error."""
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidAnswer(["the answer is empty; reply with one JSON object"])
+    body = text.strip()
+    fenced = _FENCE.match(body)
+    if fenced:
+        body = fenced.group(1).strip()
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError as first:
+        start, end = body.find("{"), body.rfind("}")
+        if 0 <= start < end:
+            try:
+                return json.loads(body[start : end + 1])
+            except json.JSONDecodeError:
+                pass
+        raise InvalidAnswer([f"the answer is not valid JSON ({first.msg} at line {first.lineno} column {first.colno})"]) from None
+
+
+def parse_answer(stage: str, text: str) -> _Answer:
+    """Text -> the stage's answer model, or InvalidAnswer naming each wrong field."""
+    data = extract_json(text)
+    if not isinstance(data, dict):
+        raise InvalidAnswer([f"the answer must be a JSON object, got {type(data).__name__}"])
+    try:
+        return ANSWER_MODELS[stage].model_validate(data)
+    except ValidationError as exc:
+        errors = []
+        for err in exc.errors()[:12]:
+            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            errors.append(f"{where}: {err['msg']}")
+        raise InvalidAnswer(errors) from None
+
+
+# -- JSON schemas sent to the server --------------------------------------------------------
+
+
+def _inline(schema: dict) -> dict:
+    """Resolve local $refs: some servers' schema engines do not follow them."""
+    defs = schema.pop("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return walk(copy.deepcopy(defs[node["$ref"].rsplit("/", 1)[-1]]))
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return walk(schema)
+
+
+def _strip_titles(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _strip_titles(v) for k, v in node.items() if not (k == "title" and isinstance(v, str))}
+    if isinstance(node, list):
+        return [_strip_titles(v) for v in node]
+    return node
+
+
+def answer_schema(
+    stage: str,
+    *,
+    titles: list[str] | None = None,
+    n_steps: int | None = None,
+    max_items: int | None = None,
+) -> dict:
+    """The stage's JSON schema, narrowed to this call: criterion titles as an enum, step
+    numbers bounded by the trajectory, the list length bounded by the stage limit."""
+    raw = ANSWER_MODELS[stage].model_json_schema()
+    schema = _strip_titles(_inline(raw))
+    # The property named "title" was removed with the schema titles; put it back.
+    for item in _items(schema):
+        if "title" in item.get("required", []) and "title" not in item["properties"]:
+            item["properties"]["title"] = {"type": "string", "minLength": 1}
+    (list_key,) = schema["properties"]
+    array = schema["properties"][list_key]
+    if max_items is not None:
+        array["maxItems"] = max_items
+    if titles is not None:
+        array["minItems"] = array["maxItems"] = len(titles)
+    item = array["items"]
+    item["additionalProperties"] = False
+    props = item["properties"]
+    if titles is not None and "criterion" in props:
+        props["criterion"] = {"type": "string", "enum": list(titles)}
+    if n_steps is not None and "steps" in props:
+        props["steps"] = {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": max(n_steps, 1)}}
+    return schema
+
+
+def _items(schema: dict) -> list[dict]:
+    (list_key,) = schema["properties"]
+    return [schema["properties"][list_key]["items"]]
+
+
+# -- rules the schema cannot carry -----------------------------------------------------------
+
+
+def _title_errors(title: str, where: str) -> list[str]:
+    words = len(title.split())
+    low, high = TITLE_WORDS
+    if not low <= words <= high:
+        return [f"{where}: title {title!r} has {words} words; use {low} to {high}"]
+    return []
+
+
+def _duplicate_errors(titles: list[str], where: str) -> list[str]:
+    seen: set[str] = set()
+    errors = []
+    for title in titles:
+        key = normalize_title(title)
+        if key in seen:
+            errors.append(f"{where}: title {title!r} appears more than once")
+        seen.add(key)
+    return errors
+
+
+def normalize_title(title: str) -> str:
+    return " ".join(title.lower().split())
+
+
+def check_proposed(answer: ProposeAnswer, limit: int) -> list[Criterion]:
+    errors = [] if answer.criteria else ["criteria: empty; propose at least one criterion"]
+    if len(answer.criteria) > limit:
+        errors.append(f"criteria: {len(answer.criteria)} given, at most {limit} allowed")
+    for i, c in enumerate(answer.criteria):
+        errors += _title_errors(c.title, f"criteria.{i}")
+    errors += _duplicate_errors([c.title for c in answer.criteria], "criteria")
+    if errors:
+        raise InvalidAnswer(errors)
+    return [
+        Criterion(origin="instruction", **c.model_dump(include={"title", "description", "evaluator_instruction", "grounding_references"}))
+        for c in answer.criteria
+    ]
+
+
+def check_augmented(answer: AugmentAnswer, existing: list[Criterion], limit: int) -> list[Criterion]:
+    errors = []
+    if len(answer.criteria) > limit:
+        errors.append(f"criteria: {len(answer.criteria)} given, at most {limit} allowed")
+    known = {normalize_title(c.title) for c in existing}
+    for i, c in enumerate(answer.criteria):
+        errors += _title_errors(c.title, f"criteria.{i}")
+        if normalize_title(c.title) in known:
+            errors.append(f"criteria.{i}: {c.title!r} is already in the existing rubric; add only new criteria")
+    errors += _duplicate_errors([c.title for c in answer.criteria], "criteria")
+    if errors:
+        raise InvalidAnswer(errors)
+    return [Criterion(origin="trajectory", **c.model_dump()) for c in answer.criteria]
+
+
+def check_merged(answer: MergeAnswer, limit: int) -> list[Criterion]:
+    errors = []
+    if not answer.criteria:
+        errors.append("criteria: empty; keep every criterion that separates the rollouts")
+    if len(answer.criteria) > limit:
+        errors.append(f"criteria: {len(answer.criteria)} given, at most {limit} allowed")
+    errors += _duplicate_errors([c.title for c in answer.criteria], "criteria")
+    if errors:
+        raise InvalidAnswer(errors)
+    return [Criterion(**c.model_dump()) for c in answer.criteria]
+
+
+def _match_titles(items: list, titles: list[str]) -> list:
+    """Items reordered to follow ``titles``; an error for each missing, unknown or
+    repeated title. Matching ignores case and spacing, nothing else."""
+    wanted = {normalize_title(t): i for i, t in enumerate(titles)}
+    ordered: list = [None] * len(titles)
+    errors = []
+    for item in items:
+        key = normalize_title(item.criterion)
+        if key not in wanted:
+            errors.append(f"criterion {item.criterion!r} is not in the rubric; use the titles exactly as given")
+        elif ordered[wanted[key]] is not None:
+            errors.append(f"criterion {item.criterion!r} is answered more than once")
+        else:
+            ordered[wanted[key]] = item
+    missing = [t for t, item in zip(titles, ordered) if item is None]
+    if missing:
+        errors.append(f"no answer for {len(missing)} criteria: {missing}")
+    if errors:
+        raise InvalidAnswer(errors)
+    return ordered
+
+
+def _citation_errors(verdict: str, steps: list[int], n_steps: int, title: str) -> list[str]:
+    errors = []
+    bad = [s for s in steps if not 1 <= s <= n_steps]
+    if bad:
+        errors.append(f"{title!r}: steps {bad} are outside the trajectory (1..{n_steps})")
+    if verdict != "NOT_APPLICABLE" and not steps and n_steps > 0:
+        errors.append(f"{title!r}: a {verdict} must cite at least one step (cite an omission where it mattered most)")
+    return errors
+
+
+def check_scores(answer: ScoreAnswer, titles: list[str]) -> list[ScoreItem]:
+    return _match_titles(answer.verdicts, titles)
+
+
+def check_attributions(answer: AttributeAnswer, titles: list[str], n_steps: int) -> list[AttributionItem]:
+    ordered = _match_titles(answer.attributions, titles)
+    errors = []
+    for title, item in zip(titles, ordered):
+        errors += _citation_errors(item.verdict, item.steps, n_steps, title)
+    if errors:
+        raise InvalidAnswer(errors)
+    return ordered
+
+
+def check_fused(answer: FusedAnswer, titles: list[str], n_steps: int) -> list[Verdict]:
+    ordered = _match_titles(answer.verdicts, titles)
+    errors = []
+    for title, item in zip(titles, ordered):
+        errors += _citation_errors(item.verdict, item.steps, n_steps, title)
+    if errors:
+        raise InvalidAnswer(errors)
+    return [
+        Verdict(
+            criterion=title,
+            score=VERDICT_SCORES[item.verdict],
+            cited_steps=item.steps if item.verdict != "NOT_APPLICABLE" else [],
+            evidence=item.evidence,
+            justification=item.justification,
+        )
+        for title, item in zip(titles, ordered)
+    ]

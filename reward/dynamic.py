@@ -1,0 +1,219 @@
+"""DRACO's dynamic rubric reward: seven stages from a task and G rollouts to G rewards.
+
+    1 propose     from the task alone, at most 15 criteria (cached per task)   1 call
+    2 augment     per rollout, at most 10 criteria only execution reveals      G calls, parallel
+    3 merge       all candidates, seeing all G rollouts, at most 24             1 call
+    4 score       each rollout on every criterion: +1 / -1 / 0                  G calls, parallel
+    5 attribute   final verdict and the 1-based steps behind it                 G calls, parallel
+    6 dropout     drop criteria no rollout failed                               (code)
+    7 reward      R_i = (p_i - f_i) / (p_i + f_i) over surviving verdicts       (code)
+
+3G+2 calls in five dependent rounds (four once the task's proposal is cached); the fused
+mode merges 4 and 5 into one call (2G+2 calls, four rounds).
+
+Every stage that fails after retries and repairs falls back explicitly, recorded in
+``GroupScore.fallbacks``:
+  propose    -> the static rubric stands in for the proposal
+  augment i  -> nothing added from rollout i
+  merge      -> the de-duplicated union of the candidates, proposed first, cut at 24
+  score i    -> the group is not scored: every R_i = 0 (no update from it)
+  attribute i-> rollout i keeps its stage-4 verdicts, uncited (its credit falls back to uniform)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from draco_gym.reward.answers import (
+    TITLE_WORDS,
+    answer_schema,
+    check_augmented,
+    check_merged,
+    check_proposed,
+    normalize_title,
+    parse_answer,
+)
+from draco_gym.reward.base import REWARDS, RubricReward, check_group, finalize_group, zero_group
+from draco_gym.reward.client import JudgeClient, StageFailed, UsageMeter, as_client
+from draco_gym.reward.judging import JudgingMode, TrajectoryJudging
+from draco_gym.reward.render import criteria_json, render_task, stage_messages
+from draco_gym.types import Criterion, GroupScore, Task, Trajectory
+
+SELF_JUDGE_SAMPLES = 3
+"""The self-judge scores k = 3 times; a criterion passes only if all three pass."""
+
+
+@REWARDS.register("dynamic")
+class DynamicRubricReward(RubricReward):
+    """DRACO's reward (see the module docstring).
+
+    judge          a Judge, a JudgeClient, or a dict for ``build_judge``
+                   (``{"name": "openai", "model": "...", "base_url": "..."}``)
+    mode           "separate" (paper, default) or "fused" (score and cite in one call)
+    self_judge     the judge is the policy itself: score k = 3 times, pass only if all pass
+    score_samples  k, when set explicitly
+    max_proposed, max_augmented, max_criteria
+                   stage limits 15, 10, 24
+    dropout        discriminative dropout (stage 6); off only for ablations
+    **settings     JudgeSettings fields: temperature, max_concurrency, requests_per_minute,
+                   tokens_per_minute, deadline_s, retries, max_repairs, cache_dir, prices
+    """
+
+    name = "dynamic"
+
+    def __init__(
+        self,
+        judge: Any = None,
+        *,
+        mode: JudgingMode = "separate",
+        self_judge: bool = False,
+        score_samples: int | None = None,
+        max_proposed: int = 15,
+        max_augmented: int = 10,
+        max_criteria: int = 24,
+        dropout: bool = True,
+        max_message_chars: int = 6000,
+        max_observation_chars: int = 2000,
+        merge_observation_chars: int = 600,
+        max_prompt_chars: int = 3000,
+        **settings: Any,
+    ) -> None:
+        for name, value in (("max_proposed", max_proposed), ("max_augmented", max_augmented), ("max_criteria", max_criteria)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        self.client: JudgeClient = as_client(judge, **settings)
+        samples = score_samples if score_samples is not None else (SELF_JUDGE_SAMPLES if self_judge else 1)
+        self.judging = TrajectoryJudging(
+            self.client,
+            mode=mode,
+            samples=samples,
+            max_message_chars=max_message_chars,
+            max_observation_chars=max_observation_chars,
+        )
+        self.max_proposed, self.max_augmented, self.max_criteria = max_proposed, max_augmented, max_criteria
+        self.dropout = dropout
+        self.merge_observation_chars = merge_observation_chars
+        self.max_prompt_chars = max_prompt_chars
+        self._proposals: OrderedDict[str, list[Criterion]] = OrderedDict()
+
+    @property
+    def mode(self) -> str:
+        return self.judging.mode
+
+    # -- the pipeline ----------------------------------------------------------------------
+
+    async def ascore_group(self, task: Task, trajectories: Sequence[Trajectory]) -> GroupScore:
+        trajectories = check_group(task, trajectories)
+        meter, fallbacks = UsageMeter(), []
+        task_text = render_task(task.instruction, task.agent_prompt, self.max_prompt_chars)
+
+        proposed = await self._propose(task, task_text, meter, fallbacks)
+        added = await asyncio.gather(
+            *(self._augment(task_text, proposed, t, i, meter, fallbacks) for i, t in enumerate(trajectories))
+        )
+        criteria = await self._merge(task_text, proposed, list(added), trajectories, meter, fallbacks)
+        if not criteria:
+            return zero_group(len(trajectories), "group: no criteria to score against; every reward set to 0",
+                              usage=meter.stages, fallbacks=fallbacks)
+        verdicts = await self.judging.judge_group(task_text, criteria, trajectories, meter, fallbacks)
+        if verdicts is None:
+            return zero_group(len(trajectories), "group: a rollout could not be scored; every reward set to 0",
+                              usage=meter.stages, fallbacks=fallbacks)
+        return finalize_group(criteria, verdicts, usage=meter.stages, fallbacks=fallbacks, dropout=self.dropout)
+
+    async def _propose(self, task: Task, task_text: str, meter: UsageMeter, fallbacks: list[str]) -> list[Criterion]:
+        key = _task_key(task)
+        if key in self._proposals:
+            self._proposals.move_to_end(key)
+            meter.book("propose", cache_hits=1)
+            return self._proposals[key]
+        messages = stage_messages("propose", task=task_text, limit=self.max_proposed, title_words=TITLE_WORDS)
+        schema = answer_schema("propose", max_items=self.max_proposed)
+        check = lambda text: check_proposed(parse_answer("propose", text), self.max_proposed)  # noqa: E731
+        with meter.timed("propose"):
+            try:
+                proposed = await self.client.ask("propose", messages, schema, check, meter)
+            except StageFailed as exc:
+                from draco_gym.reward.static import STATIC_CRITERIA
+
+                fallbacks.append(f"propose: {exc.reason}; used the static rubric instead")
+                return list(STATIC_CRITERIA)
+        self._proposals[key] = proposed
+        while len(self._proposals) > 4096:
+            self._proposals.popitem(last=False)
+        return proposed
+
+    async def _augment(
+        self, task_text: str, proposed: list[Criterion], trajectory: Trajectory, index: int, meter: UsageMeter, fallbacks: list[str]
+    ) -> list[Criterion]:
+        messages = stage_messages(
+            "augment",
+            task=task_text,
+            criteria=criteria_json(proposed),
+            trajectory=self.judging.render(trajectory),
+            limit=self.max_augmented,
+            title_words=TITLE_WORDS,
+        )
+        schema = answer_schema("augment", max_items=self.max_augmented)
+        check = lambda text: check_augmented(parse_answer("augment", text), proposed, self.max_augmented)  # noqa: E731
+        with meter.timed("augment"):
+            try:
+                return await self.client.ask("augment", messages, schema, check, meter)
+            except StageFailed as exc:
+                fallbacks.append(f"augment[{index + 1}]: {exc.reason}; added nothing from this rollout")
+                return []
+
+    async def _merge(
+        self,
+        task_text: str,
+        proposed: list[Criterion],
+        added: list[list[Criterion]],
+        trajectories: list[Trajectory],
+        meter: UsageMeter,
+        fallbacks: list[str],
+    ) -> list[Criterion]:
+        candidates = [*proposed, *(c for extra in added for c in extra)]
+        rendered = [
+            self.judging.render(t, label=f"attempt {i + 1}", observation_chars=self.merge_observation_chars)
+            for i, t in enumerate(trajectories)
+        ]
+        messages = stage_messages(
+            "merge",
+            task=task_text,
+            criteria=criteria_json(candidates, with_evidence=True),
+            trajectories=rendered,
+            n_rollouts=len(trajectories),
+            limit=self.max_criteria,
+            title_words=TITLE_WORDS,
+        )
+        schema = answer_schema("merge", max_items=self.max_criteria)
+        check = lambda text: check_merged(parse_answer("merge", text), self.max_criteria)  # noqa: E731
+        with meter.timed("merge"):
+            try:
+                return await self.client.ask("merge", messages, schema, check, meter)
+            except StageFailed as exc:
+                union = _dedupe(candidates)[: self.max_criteria]
+                fallbacks.append(
+                    f"merge: {exc.reason}; used the de-duplicated union of {len(candidates)} candidates ({len(union)} kept)"
+                )
+                return union
+
+
+def _dedupe(criteria: list[Criterion]) -> list[Criterion]:
+    seen: set[str] = set()
+    out = []
+    for c in criteria:
+        key = normalize_title(c.title)
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
+
+
+def _task_key(task: Task) -> str:
+    digest = hashlib.sha256(f"{task.instruction}\x00{task.agent_prompt}".encode()).hexdigest()[:16]
+    return f"{task.id}:{digest}"

@@ -1,0 +1,218 @@
+"""The judge: anything that turns chat messages into text.
+
+A judge implements one coroutine, ``complete``, and nothing else: caching, concurrency,
+rate limits, the overall deadline, validation, repair and cost accounting live once in
+``JudgeClient`` (``draco_gym.reward.client``) and apply to every judge alike. That keeps a
+new judge (the trainer's policy model as a self-judge, a remote service, a test double) a
+dozen lines long::
+
+    class PolicyJudge:
+        model = "policy@step-40"
+
+        async def complete(self, messages, *, schema, schema_name, temperature, max_tokens, sample):
+            text, n_in, n_out = await my_generate(messages, temperature, max_tokens)
+            return JudgeReply(text, n_in, n_out)
+
+``schema`` is the JSON schema the answer must follow (for servers that can enforce it; a
+judge that cannot may ignore it, every answer is validated anyway), ``sample`` numbers
+repeated samplings of the same request (the self-judge scores k times).
+
+Transport retries belong to the judge, where the transport's own knowledge lives: the
+OpenAI client already retries 408/409/429/5xx and timeouts with backoff and honours
+``Retry-After``, so ``OpenAIJudge`` uses it rather than a second retry layer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import weakref
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from draco_gym.registry import Registry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JudgeReply:
+    """The judge's text and the tokens it was billed for (0 when unknown)."""
+
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@runtime_checkable
+class Judge(Protocol):
+    model: str
+
+    async def complete(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        schema: dict | None,
+        schema_name: str,
+        temperature: float,
+        max_tokens: int,
+        sample: int,
+    ) -> JudgeReply: ...
+
+
+class JudgeUnavailable(RuntimeError):
+    """The judge could not answer (after its own transport retries)."""
+
+
+JUDGES: Registry[Any] = Registry("judge")
+
+
+def build_judge(name: str, **options: Any) -> Judge:
+    """The judge registered as ``name`` ("openai", "transformers"), built with ``options``."""
+    return JUDGES.get(name)(**options)
+
+
+StructuredOutput = Literal["auto", "json_schema", "json_object", "none"]
+_DOWNGRADE = {"json_schema": "json_object", "json_object": "none"}
+
+
+@JUDGES.register("openai")
+class OpenAIJudge:
+    """A judge behind any OpenAI-compatible chat-completions endpoint: OpenAI, a vLLM or
+    SGLang server, a proxy.
+
+    ``structured_output="auto"`` asks for ``json_schema`` output and steps down to
+    ``json_object``, then to plain text, the first time the server rejects the request
+    format with a 400; the step down is remembered for the judge's lifetime.
+
+    The API key is read from ``api_key`` or the environment variable ``api_key_env`` and is
+    never part of ``repr``, pickles or cache keys: a pickled judge re-reads the variable.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        api_key_env: str = "OPENAI_API_KEY",
+        structured_output: StructuredOutput = "auto",
+        request_timeout_s: float = 120.0,
+        max_retries: int = 4,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        if structured_output not in ("auto", "json_schema", "json_object", "none"):
+            raise ValueError(f"structured_output must be auto, json_schema, json_object or none, got {structured_output!r}")
+        if request_timeout_s <= 0:
+            raise ValueError(f"request_timeout_s must be > 0, got {request_timeout_s}")
+        self.model = model
+        self.base_url = base_url
+        self.api_key_env = api_key_env
+        self._api_key = api_key
+        self.structured_output = structured_output
+        self._format = "json_schema" if structured_output == "auto" else structured_output
+        self.request_timeout_s = request_timeout_s
+        self.max_retries = max_retries
+        self.extra_body = dict(extra_body or {})
+        self._clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def __repr__(self) -> str:
+        return f"OpenAIJudge(model={self.model!r}, base_url={self.base_url!r}, format={self._format!r})"
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_api_key"] = None
+        state["_clients"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._clients = weakref.WeakKeyDictionary()
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What makes two judges answer alike: part of every cache key (never the key)."""
+        return {"kind": "openai", "model": self.model, "base_url": self.base_url, **({"extra_body": self.extra_body} if self.extra_body else {})}
+
+    def _client(self):
+        # httpx connections belong to the event loop that opened them; one client per loop
+        # lets the synchronous API (a fresh loop per call) and async callers share a judge.
+        import openai
+
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            key = self._api_key or os.environ.get(self.api_key_env) or "EMPTY"
+            client = openai.AsyncOpenAI(
+                api_key=key, base_url=self.base_url, timeout=self.request_timeout_s, max_retries=self.max_retries
+            )
+            self._clients[loop] = client
+        return client
+
+    def _response_format(self, schema: dict | None, schema_name: str) -> dict | None:
+        if schema is None or self._format == "none":
+            return None
+        if self._format == "json_object":
+            return {"type": "json_object"}
+        return {"type": "json_schema", "json_schema": {"name": schema_name, "schema": schema, "strict": False}}
+
+    async def complete(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        schema: dict | None,
+        schema_name: str,
+        temperature: float,
+        max_tokens: int,
+        sample: int = 0,
+    ) -> JudgeReply:
+        import openai
+
+        while True:
+            request: dict[str, Any] = {
+                "model": self.model,
+                "messages": messages,
+                "temperature": temperature,
+                "max_tokens": max_tokens,
+            }
+            response_format = self._response_format(schema, schema_name)
+            if response_format is not None:
+                request["response_format"] = response_format
+            if self.extra_body:
+                request["extra_body"] = self.extra_body
+            try:
+                response = await self._client().chat.completions.create(**request)
+            except openai.BadRequestError as exc:
+                if self.structured_output == "auto" and response_format is not None and self._format in _DOWNGRADE:
+                    log.warning("judge %s rejected response_format=%s (%s); falling back to %s",
+                                self.model, self._format, exc.status_code, _DOWNGRADE[self._format])
+                    self._format = _DOWNGRADE[self._format]
+                    continue
+                raise JudgeUnavailable(f"judge rejected the request: {exc}") from None
+            except (openai.APIStatusError, openai.APIConnectionError) as exc:
+                # APITimeoutError is an APIConnectionError; the client has already retried.
+                raise JudgeUnavailable(f"{type(exc).__name__}: {_short(exc)}") from None
+            if not response.choices:
+                raise JudgeUnavailable("judge returned no choices")
+            text = response.choices[0].message.content or ""
+            usage = response.usage
+            return JudgeReply(
+                text=text,
+                prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
+                completion_tokens=getattr(usage, "completion_tokens", 0) or 0,
+            )
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc)
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+@JUDGES.register("transformers")
+def _transformers_judge(**options: Any) -> Judge:
+    # Imported here so that the reward layer never imports torch or transformers unless
+    # a local model is actually asked to judge.
+    from draco_gym.reward.hf_judge import TransformersJudge
+
+    return TransformersJudge(**options)
