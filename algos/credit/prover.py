@@ -1,0 +1,373 @@
+"""ProVer: credit a pivotal segment by how much it raises the policy's chance of success.
+
+For a group where the policy sometimes succeeds but mostly fails, the best evidence of what
+made the difference is counterfactual: put the agent back just before and just after the
+step segment a judge calls pivotal, let the current policy finish from both points, and
+compare:
+
+    eligible    0 < success rate of the group < 0.5     (rare successes carry the news)
+    tau*        the shortest successful rollout
+    [s, e]      a judge-proposed segment of tau*: 1 <= s <= e < T, e - s + 1 <= 4
+                (at most four action turns, never the terminal turn)
+    R_pre       K = 8 outcomes of the current policy continuing from after step s-1
+    R_post      K = 8 outcomes continuing from after step e
+    Delta       = mean(R_post) - mean(R_pre)
+    a_j         = A_i + lambda * Delta    for j in [s, e] of tau*, if Delta > 0   (lambda = 1)
+    a_j         = A_i                     everywhere else
+
+Only the positive half is used: a segment that did not help is left to the group advantage
+rather than punished on a K-sample estimate. The state at a boundary is rebuilt by replaying
+the episode's messages into a fresh episode (``CodeStepEnv.restore``), so only environments
+with ``can_restore`` qualify, and the group needs an outcome signal (``metrics["success"]``).
+
+Where the trainer plugs in: ``ProVerRule`` takes ``continue_fn(task_id, prefix_messages, k)
+-> list[float]``, k outcomes of the *current* policy run from the restored prefix. The
+trainer's env runner provides it by restoring its env (``env.unwrapped.restore(task_id,
+prefix_messages)``) k times and running its usual generation loop from there;
+``EnvContinuations`` does exactly that around any ``policy(messages) -> str``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import math
+import re
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from draco_gym.types import GroupScore, Trajectory
+
+__all__ = [
+    "EnvContinuations",
+    "JudgeSegmentProposer",
+    "ProVerRule",
+    "Segment",
+    "apply_segment_bonus",
+    "prover_delta",
+    "prover_eligible",
+    "shortest_success",
+    "validate_segment",
+]
+
+ContinueFn = Callable[[str, list[str], int], Sequence[float]]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Steps ``start..end`` of a trajectory, 1-based and inclusive."""
+
+    start: int
+    end: int
+
+    def __len__(self) -> int:
+        return self.end - self.start + 1
+
+
+# -- the rule's arithmetic -----------------------------------------------------------------
+
+
+def prover_eligible(successes: Sequence[float], low: float = 0.0, high: float = 0.5) -> bool:
+    """low < success rate < high, strictly (default 0 < rate < 0.5)."""
+    if not successes:
+        return False
+    rate = sum(float(s) for s in successes) / len(successes)
+    return low < rate < high
+
+
+def shortest_success(trajectories: Sequence[Trajectory], successes: Sequence[float]) -> int:
+    """Index of the successful rollout with the fewest steps (the first one on a tie)."""
+    winners = [i for i, s in enumerate(successes) if float(s) > 0]
+    if not winners:
+        raise ValueError("no successful rollout in the group")
+    return min(winners, key=lambda i: (len(trajectories[i].steps), i))
+
+
+def validate_segment(start: Any, end: Any, n_steps: int, max_len: int = 4) -> Segment:
+    """The segment if it is usable; otherwise a ValueError whose message tells the judge
+    what to fix (it is sent back verbatim on repair)."""
+    for name, v in (("start", start), ("end", end)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{name} must be an integer step number, got {v!r}")
+    if n_steps < 2:
+        raise ValueError(f"the trajectory has {n_steps} step(s); a non-terminal segment needs at least 2")
+    if not 1 <= start <= end:
+        raise ValueError(f"need 1 <= start <= end, got start={start}, end={end}")
+    if end >= n_steps:
+        raise ValueError(f"end={end} reaches the final step {n_steps}; the segment must end before it (end <= {n_steps - 1})")
+    if end - start + 1 > max_len:
+        raise ValueError(f"the segment {start}..{end} has {end - start + 1} steps; at most {max_len} are allowed")
+    return Segment(start, end)
+
+
+def prover_delta(pre_outcomes: Sequence[float], post_outcomes: Sequence[float]) -> float:
+    """Delta = mean(R_post) - mean(R_pre)."""
+    if not pre_outcomes or not post_outcomes:
+        raise ValueError("pre_outcomes and post_outcomes must each hold at least one continuation outcome")
+    for name, xs in (("pre_outcomes", pre_outcomes), ("post_outcomes", post_outcomes)):
+        for k, x in enumerate(xs):
+            if not math.isfinite(float(x)):
+                raise ValueError(f"{name}[{k}] must be finite, got {x!r}")
+    return sum(map(float, post_outcomes)) / len(post_outcomes) - sum(map(float, pre_outcomes)) / len(pre_outcomes)
+
+
+def apply_segment_bonus(step_advantages: Sequence[float], segment: Segment, delta: float, lam: float = 1.0) -> list[float]:
+    """a_j + lambda * Delta on the segment's steps when Delta > 0; unchanged otherwise."""
+    out = [float(a) for a in step_advantages]
+    if not 1 <= segment.start <= segment.end <= len(out):
+        raise ValueError(f"segment {segment.start}..{segment.end} lies outside the trajectory's {len(out)} steps")
+    if delta > 0:
+        for j in range(segment.start - 1, segment.end):
+            out[j] += lam * delta
+    return out
+
+
+# -- proposing the segment -----------------------------------------------------------------
+
+PROPOSE_PROMPT = """You are reviewing a successful run of an agent that works in steps; each step runs one code block.
+Find the single most pivotal stretch of at most {max_len} consecutive steps: the steps that most made this run succeed where other runs fail.
+The stretch must end before the final step {n_steps}.
+
+Task:
+{instruction}
+
+Run (steps numbered 1..{n_steps}):
+{transcript}
+
+Answer with JSON only: {{"start": <first step>, "end": <last step>, "reason": "<one sentence>"}}"""
+
+
+def _render_steps(traj: Trajectory, max_chars: int = 1500) -> str:
+    def clip(text: str) -> str:
+        return text if len(text) <= max_chars else text[: max_chars // 2] + " [...] " + text[-max_chars // 2 :]
+
+    parts = []
+    for step in traj.steps:
+        parts.append(f"<step {step.index}>\n{clip(step.text)}\n<output>\n{clip(step.observation)}\n</output>\n</step {step.index}>")
+    return "\n".join(parts)
+
+
+def _parse_segment_json(text: str) -> tuple[Any, Any]:
+    match = re.search(r"\{.*\}", text, flags=re.S)
+    if match is None:
+        raise ValueError("the answer holds no JSON object")
+    try:
+        data = json.loads(match.group(0))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"the JSON does not parse ({exc.msg})") from None
+    if not isinstance(data, dict) or "start" not in data or "end" not in data:
+        raise ValueError('the JSON must be an object with "start" and "end"')
+    return data["start"], data["end"]
+
+
+def _run_sync(value):
+    """Resolve a judge answer that may be a coroutine, from sync code, even inside a running
+    event loop (then on a helper thread)."""
+    if not inspect.isawaitable(value):
+        return value
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_await(value))
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = asyncio.run(_await(value))
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+async def _await(value):
+    return await value
+
+
+def _answer_text(answer: Any) -> str:
+    if isinstance(answer, str):
+        return answer
+    for attr in ("text", "content"):
+        if isinstance(getattr(answer, attr, None), str):
+            return getattr(answer, attr)
+    raise TypeError(f"the judge returned {type(answer).__name__}; expected text or an object with .text")
+
+
+class JudgeSegmentProposer:
+    """Asks a judge for the pivotal segment; on an invalid answer, tells it what was wrong and
+    asks again, at most ``max_repairs`` times. Returns (segment or None, reason).
+
+    ``judge`` is a callable ``judge(messages) -> text`` (sync or async; an answer object with
+    ``.text`` works too), or an object with such a ``complete`` method: the reward layer's
+    ``Judge`` fits.
+    """
+
+    def __init__(self, judge: Any, *, max_repairs: int = 2, max_step_chars: int = 1500) -> None:
+        if max_repairs < 0:
+            raise ValueError(f"max_repairs must be >= 0, got {max_repairs}")
+        self._ask = judge if callable(judge) and not hasattr(judge, "complete") else getattr(judge, "complete", None)
+        if self._ask is None:
+            raise ValueError("judge must be callable or have a complete(messages) method")
+        self.max_repairs = max_repairs
+        self.max_step_chars = max_step_chars
+
+    def __call__(self, traj: Trajectory, max_len: int) -> tuple[Segment | None, str]:
+        prompt = PROPOSE_PROMPT.format(
+            max_len=max_len,
+            n_steps=len(traj.steps),
+            instruction=traj.task.instruction,
+            transcript=_render_steps(traj, self.max_step_chars),
+        )
+        messages = [{"role": "user", "content": prompt}]
+        error = ""
+        for attempt in range(self.max_repairs + 1):
+            text = _answer_text(_run_sync(self._ask(messages)))
+            try:
+                start, end = _parse_segment_json(text)
+                return validate_segment(start, end, len(traj.steps), max_len), "repaired" if attempt else "ok"
+            except ValueError as exc:
+                error = str(exc)
+            messages = messages + [
+                {"role": "assistant", "content": text},
+                {"role": "user", "content": f"That answer is not usable: {error}. Reply with corrected JSON only."},
+            ]
+        return None, f"invalid after {self.max_repairs} repairs: {error}"
+
+
+# -- the rule ------------------------------------------------------------------------------
+
+
+def _outcome(traj: Trajectory, key: str, i: int) -> float:
+    if key not in traj.metrics:
+        raise ValueError(f"trajectories[{i}].metrics[{key!r}] is missing; ProVer needs an outcome signal")
+    value = traj.metrics[key]
+    if isinstance(value, bool):
+        return float(value)
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"trajectories[{i}].metrics[{key!r}] must be a number or bool, got {value!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"trajectories[{i}].metrics[{key!r}] must be finite, got {value}")
+    return value
+
+
+class ProVerRule:
+    """The ``prover`` credit rule (see the module docstring).
+
+    ``continue_fn(task_id, prefix_messages, k)`` returns k outcomes of the current policy from
+    the restored prefix; ``propose(trajectory, max_len)`` returns (Segment or None, reason),
+    e.g. a ``JudgeSegmentProposer``. ``stats`` counts what happened to each group, so an
+    inert rule is visible in the metrics rather than silent.
+    """
+
+    def __init__(
+        self,
+        continue_fn: ContinueFn,
+        propose: Callable[[Trajectory, int], tuple[Segment | None, str]],
+        *,
+        K: int = 8,
+        lam: float = 1.0,
+        max_segment_len: int = 4,
+        outcome_key: str = "success",
+    ) -> None:
+        if not callable(continue_fn):
+            raise ValueError("continue_fn must be callable: (task_id, prefix_messages, k) -> outcomes")
+        if not callable(propose):
+            raise ValueError("propose must be callable: (trajectory, max_len) -> (segment, reason)")
+        if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+            raise ValueError(f"K must be a positive integer, got {K!r}")
+        if not (math.isfinite(lam) and lam >= 0):
+            raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
+        if isinstance(max_segment_len, bool) or not isinstance(max_segment_len, int) or max_segment_len < 1:
+            raise ValueError(f"max_segment_len must be a positive integer, got {max_segment_len!r}")
+        self.continue_fn = continue_fn
+        self.propose = propose
+        self.K = K
+        self.lam = lam
+        self.max_segment_len = max_segment_len
+        self.outcome_key = outcome_key
+        self.stats: Counter[str] = Counter()
+        self.last: dict[str, Any] = {}
+
+    def __call__(self, trajectories: Sequence[Trajectory], group: GroupScore, advantages: Sequence[float]) -> list[list[float]]:
+        if not len(trajectories) == len(advantages):
+            raise ValueError(f"group sizes differ: {len(trajectories)} trajectories, {len(advantages)} advantages")
+        base = [[float(a)] * len(t.steps) for t, a in zip(trajectories, advantages)]
+        successes = [_outcome(t, self.outcome_key, i) for i, t in enumerate(trajectories)]
+        self.stats["groups"] += 1
+        self.last = {"eligible": False}
+        if not prover_eligible(successes):
+            self.stats["ineligible"] += 1
+            return base
+        star = shortest_success(trajectories, successes)
+        traj = trajectories[star]
+        segment, reason = self.propose(traj, self.max_segment_len)
+        self.last = {"eligible": True, "trajectory": star, "proposal": reason}
+        if segment is None:
+            self.stats["no_segment"] += 1
+            return base
+        # The messages that rebuild the state before step s and after step e.
+        messages = [step.text for step in traj.steps]
+        pre = list(self.continue_fn(traj.task.id, messages[: segment.start - 1], self.K))
+        post = list(self.continue_fn(traj.task.id, messages[: segment.end], self.K))
+        delta = prover_delta(pre, post)
+        self.stats["credited" if delta > 0 else "no_gain"] += 1
+        self.last.update(segment=(segment.start, segment.end), delta=delta, pre=pre, post=post)
+        base[star] = apply_segment_bonus(base[star], segment, delta, self.lam)
+        return base
+
+
+# -- continuations in a restorable environment ---------------------------------------------
+
+
+class EnvContinuations:
+    """``continue_fn`` for any restorable ``CodeStepEnv``: restore the prefix into a fresh
+    episode, let ``policy(task, history) -> message`` finish it, and read the outcome from the
+    end metrics. ``history`` alternates observations and assistant messages, starting with the
+    agent prompt, so a policy sees exactly what it saw the first time.
+
+    The trainer's generation loop is the natural ``policy``; scripted policies serve tests.
+    """
+
+    def __init__(self, env, policy: Callable[[Any, list[str]], str], *, outcome_key: str = "success") -> None:
+        base = getattr(env, "unwrapped", env)
+        if not getattr(base, "can_restore", False):
+            raise ValueError(f"{type(base).__name__} cannot restore episode state (can_restore is False); ProVer needs it")
+        self.env = env
+        self.policy = policy
+        self.outcome_key = outcome_key
+
+    def _history(self, base) -> list[str]:
+        history = [base.task.agent_prompt]
+        for step in base.trajectory().steps:
+            history += [step.text, step.observation]
+        return history
+
+    def __call__(self, task_id: str, prefix_messages: list[str], k: int) -> list[float]:
+        base = self.env.unwrapped if hasattr(self.env, "unwrapped") else self.env
+        outcomes = []
+        for _ in range(k):
+            base.restore(task_id, list(prefix_messages))
+            history = self._history(base)
+            done = False
+            info: dict[str, Any] = {}
+            while not done:
+                message = self.policy(base.task, history)
+                observation, _, terminated, truncated, info = self.env.step(message)
+                history += [message, observation]
+                done = terminated or truncated
+            metrics = info.get("metrics", {})
+            if self.outcome_key not in metrics:
+                raise ValueError(f"the environment's end metrics lack {self.outcome_key!r}: {sorted(metrics)}")
+            outcomes.append(float(metrics[self.outcome_key]))
+        return outcomes

@@ -1,0 +1,204 @@
+"""TRACE: step credit from how much each step raises a frozen model's belief in the gold answer.
+
+For a task with a gold answer, a frozen reference model reads the episode up to step k and
+scores the answer (teacher forcing). A step that makes the answer more predictable moved the
+episode toward it:
+
+    l_k       mean log-prob of the gold answer's tokens after the first k steps (k = 0..T)
+    d_k       = -l_k + eps                      distance to the answer (eps = 0.1 keeps d_k > 0)
+    V_k       = log(d_0 / d_k)                  value: how much closer than at the start
+    delta_k   = V_k - V_{k-1}                   what step k did (k = 1..T)
+    r_k       = sum_{i<m} gamma^i delta_{k+i} / sum_{i<m} gamma^i,   m = min(K, T-k+1)
+                + lambda_term * gamma^(T-k) * A_out      if the window reaches the end (k+K-1 >= T)
+    a_k       = alpha_out * A_out + alpha_turn * r_k
+
+The K-step window (K = 3, gamma = 0.8) lets a step take credit for what it set up in the next
+few turns without inheriting the whole future; the terminal fill ties the last steps to the
+episode's outcome advantage A_out (lambda_term = 2.0). Defaults are the paper's
+(alpha_out = 1.0, alpha_turn = 0.2). TRACE needs a gold answer: it is the verifier-anchored
+comparison point, not an outcome-blind rule.
+
+The math here is pure Python. ``ReferenceScorer`` (transformers, imported only when used)
+computes l_0..l_T for a trajectory in batched teacher-forced passes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from draco_gym.types import Step, Task, Trajectory
+
+__all__ = ["ReferenceScorer", "TraceParams", "trace_credit", "trace_turn_rewards", "trace_values"]
+
+
+@dataclass(frozen=True)
+class TraceParams:
+    """TRACE's hyperparameters, with the paper's defaults."""
+
+    eps: float = 0.1
+    K: int = 3
+    gamma: float = 0.8
+    lambda_term: float = 2.0
+    alpha_out: float = 1.0
+    alpha_turn: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.eps) and self.eps > 0):
+            raise ValueError(f"eps must be > 0, got {self.eps!r}")
+        if isinstance(self.K, bool) or not isinstance(self.K, int) or self.K < 1:
+            raise ValueError(f"K must be a positive integer, got {self.K!r}")
+        if not 0.0 < self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in (0, 1], got {self.gamma!r}")
+        for name in ("lambda_term", "alpha_out", "alpha_turn"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be finite, got {getattr(self, name)!r}")
+
+
+def trace_values(answer_logprobs: Sequence[float], eps: float = 0.1) -> list[float]:
+    """V_k = log(d_0 / d_k) with d_k = -l_k + eps, for k = 0..T (so V_0 = 0)."""
+    if len(answer_logprobs) < 1:
+        raise ValueError("answer_logprobs must hold l_0 (before any step) and one value per step")
+    d = []
+    for k, l_k in enumerate(answer_logprobs):
+        l_k = float(l_k)
+        if not math.isfinite(l_k) or l_k > 1e-9:
+            raise ValueError(f"answer_logprobs[{k}] must be a finite log-probability (<= 0), got {l_k}")
+        d.append(-min(l_k, 0.0) + eps)
+    return [math.log(d[0] / d_k) for d_k in d]
+
+
+def trace_turn_rewards(values: Sequence[float], outcome_advantage: float, params: TraceParams = TraceParams()) -> list[float]:
+    """r_k for steps k = 1..T from V_0..V_T (see the module docstring)."""
+    T = len(values) - 1
+    K, gamma = params.K, params.gamma
+    delta = [values[k] - values[k - 1] for k in range(1, T + 1)]  # delta[k-1] is step k's
+    rewards = []
+    for k in range(1, T + 1):
+        m = min(K, T - k + 1)
+        discounts = [gamma**i for i in range(m)]
+        r_k = sum(g * delta[k - 1 + i] for i, g in enumerate(discounts)) / sum(discounts)
+        if k + K - 1 >= T:  # the window reaches the end: fill with the outcome
+            r_k += params.lambda_term * gamma ** (T - k) * outcome_advantage
+        rewards.append(r_k)
+    return rewards
+
+
+def trace_credit(answer_logprobs: Sequence[float], outcome_advantage: float, params: TraceParams = TraceParams()) -> list[float]:
+    """a_k = alpha_out * A_out + alpha_turn * r_k for one trajectory of T steps, given
+    l_0..l_T (T + 1 values)."""
+    a_out = float(outcome_advantage)
+    if not math.isfinite(a_out):
+        raise ValueError(f"outcome_advantage must be finite, got {a_out}")
+    values = trace_values(answer_logprobs, params.eps)
+    return [params.alpha_out * a_out + params.alpha_turn * r for r in trace_turn_rewards(values, a_out, params)]
+
+
+# -- the reference model -------------------------------------------------------------------
+
+
+def default_render(task: Task, steps: Sequence[Step]) -> str:
+    """Plain-text transcript of the task and the first k steps, as the reference reads it."""
+    parts = [task.agent_prompt or task.instruction]
+    if task.agent_prompt and task.instruction and task.instruction not in task.agent_prompt:
+        parts.append(task.instruction)
+    for step in steps:
+        parts.append(f"Assistant:\n{step.text}")
+        if step.observation:
+            parts.append(f"Output:\n{step.observation}")
+    return "\n\n".join(parts)
+
+
+class ReferenceScorer:
+    """l_k for every step prefix of a trajectory, from a frozen causal LM.
+
+    All T + 1 prefixes of one trajectory go through the model in batches of ``batch_size``
+    (right-padded, one forward pass per batch, no generation): the answer tokens are teacher
+    forced after ``answer_prompt`` and their log-probs averaged. Prefixes longer than
+    ``max_length`` tokens lose their oldest tokens (left truncation), never the answer.
+
+    ``model`` is an ``AutoModelForCausalLM`` (the initial policy, or any HF model sharing
+    nothing with the policy) or a path to load one from. The gold answer is read from
+    ``task.metadata[answer_key]``.
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer=None,
+        *,
+        answer_key: str = "gold_answer",
+        answer_prompt: str = "\n\nFinal answer: ",
+        render: Callable[[Task, Sequence[Step]], str] = default_render,
+        batch_size: int = 8,
+        max_length: int = 4096,
+        device: str | None = None,
+    ) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if isinstance(model, str):
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
+            model = AutoModelForCausalLM.from_pretrained(model)
+        if tokenizer is None:
+            raise ValueError("tokenizer is required when model is a loaded model")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if max_length < 2:
+            raise ValueError(f"max_length must be >= 2, got {max_length}")
+        self.model = model.eval().requires_grad_(False)
+        if device is not None:
+            self.model.to(device)
+        self.device = next(self.model.parameters()).device
+        self.tokenizer = tokenizer
+        self.answer_key = answer_key
+        self.answer_prompt = answer_prompt
+        self.render = render
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self._torch = torch
+
+    def gold_answer(self, task: Task) -> str:
+        answer = task.metadata.get(self.answer_key)
+        if answer is None or str(answer) == "":
+            raise ValueError(f"task {task.id!r}: metadata[{self.answer_key!r}] (the gold answer) is missing; TRACE needs one")
+        return str(answer)
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def __call__(self, trajectory: Trajectory) -> list[float]:
+        """[l_0, ..., l_T] for one trajectory."""
+        torch = self._torch
+        answer = self._encode(self.gold_answer(trajectory.task))
+        if not answer:
+            raise ValueError(f"task {trajectory.task.id!r}: the gold answer encodes to no tokens")
+        if len(answer) >= self.max_length:
+            raise ValueError(f"the gold answer has {len(answer)} tokens, max_length is {self.max_length}")
+        room = self.max_length - len(answer)
+        bos = [self.tokenizer.bos_token_id] if self.tokenizer.bos_token_id is not None else []
+        sequences = []
+        for k in range(len(trajectory.steps) + 1):
+            context = bos + self._encode(self.render(trajectory.task, trajectory.steps[:k]) + self.answer_prompt)
+            sequences.append(context[-room:] + answer)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        n_ans = len(answer)
+        out: list[float] = []
+        with torch.inference_mode():
+            for start in range(0, len(sequences), self.batch_size):
+                batch = sequences[start : start + self.batch_size]
+                width = max(len(s) for s in batch)
+                ids = torch.full((len(batch), width), pad, dtype=torch.long)
+                mask = torch.zeros((len(batch), width), dtype=torch.long)
+                for b, s in enumerate(batch):
+                    ids[b, : len(s)] = torch.tensor(s)
+                    mask[b, : len(s)] = 1
+                logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits.float()
+                logp = torch.log_softmax(logits, dim=-1)
+                target = torch.tensor(answer, device=logp.device)
+                for b, s in enumerate(batch):
+                    # logits at position t predict token t+1: the answer's predictors sit just before it
+                    pos = torch.arange(len(s) - n_ans - 1, len(s) - 1, device=logp.device)
+                    out.append(float(logp[b, pos, target].mean()))
+        return out
