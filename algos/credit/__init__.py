@@ -18,6 +18,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+import numpy as np
+
 from draco_gym.registry import Registry
 from draco_gym.types import GAP, GroupScore, Trajectory
 
@@ -140,19 +142,17 @@ def draco_credit(
 
 def token_advantages(step_advantages: Sequence[float], token_step_index: Sequence[int]) -> list[float]:
     """Spread step advantages over tokens: a token of step j (1-based) gets a_j, a gap
-    token (-1) gets 0."""
+    token (-1) gets 0. Vectorised: a long multi-turn batch has millions of tokens."""
     a = [_finite(x, f"step_advantages[{j}]") for j, x in enumerate(step_advantages)]
-    out = []
-    for t, j in enumerate(token_step_index):
-        if j == GAP:
-            out.append(0.0)
-        elif isinstance(j, bool) or not 1 <= j <= len(a):
-            raise ValueError(
-                f"token_step_index[{t}] is {j!r}; expected -1 (gap) or a step in 1..{len(a)}"
-            )
-        else:
-            out.append(a[j - 1])
-    return out
+    index = np.asarray(token_step_index)
+    if index.size and index.dtype.kind not in "iu":
+        raise ValueError(f"token_step_index must hold integers, got dtype {index.dtype}")
+    bad = np.flatnonzero((index != GAP) & ((index < 1) | (index > len(a))))
+    if bad.size:
+        t = int(bad[0])
+        raise ValueError(f"token_step_index[{t}] is {index[t]}; expected -1 (gap) or a step in 1..{len(a)}")
+    lookup = np.concatenate([[0.0], np.asarray(a, dtype=np.float64)])
+    return lookup[np.where(index == GAP, 0, index)].tolist()
 
 
 # -- the registry's built-in rules ----------------------------------------------------------
