@@ -13,7 +13,7 @@ import sys
 
 # name -> (module, one-line help). Order is the order of --help.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("draco_gym.demo", "run one PythonTools episode with a scripted agent and print its step credit"),
+    "demo": ("draco_gym.demo", "score a group of scripted PythonTools episodes with the rule rubric and print their step credit"),
     "bench": ("draco_gym.algos.credit.quality", "benchmarks: `bench credit` compares the credit rules on synthetic tasks"),
 }
 
