@@ -87,6 +87,8 @@ def _from_python(text: str) -> ToolCall:
     for keyword in call.keywords:
         if keyword.arg is None:
             raise ToolCallError(f"{call.func.id}: **kwargs is not allowed; name every argument (arg=value)")
+        if keyword.arg in arguments:
+            raise ToolCallError(f"{call.func.id}: argument {keyword.arg!r} is given twice")
         try:
             value = ast.literal_eval(keyword.value)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
