@@ -186,3 +186,7 @@ def _draco_rule() -> CreditRule:
         return out
 
     return assign
+
+
+# The other seed methods register themselves; none of them imports torch at module level.
+from draco_gym.algos.credit import prover, trace, trca  # noqa: E402,F401

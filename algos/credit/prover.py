@@ -196,29 +196,44 @@ async def _await(value):
 def _answer_text(answer: Any) -> str:
     if isinstance(answer, str):
         return answer
-    for attr in ("text", "content"):
-        if isinstance(getattr(answer, attr, None), str):
-            return getattr(answer, attr)
+    if isinstance(getattr(answer, "text", None), str):
+        return answer.text
     raise TypeError(f"the judge returned {type(answer).__name__}; expected text or an object with .text")
+
+
+SEGMENT_SCHEMA = {
+    "type": "object",
+    "properties": {"start": {"type": "integer"}, "end": {"type": "integer"}, "reason": {"type": "string"}},
+    "required": ["start", "end"],
+}
 
 
 class JudgeSegmentProposer:
     """Asks a judge for the pivotal segment; on an invalid answer, tells it what was wrong and
     asks again, at most ``max_repairs`` times. Returns (segment or None, reason).
 
-    ``judge`` is a callable ``judge(messages) -> text`` (sync or async; an answer object with
-    ``.text`` works too), or an object with such a ``complete`` method: the reward layer's
-    ``Judge`` fits.
+    ``judge`` is the reward layer's ``Judge`` (an object with ``async complete(messages, *,
+    schema, schema_name, temperature, max_tokens, sample)``) or any callable
+    ``judge(messages) -> text`` (sync or async). ``usage`` adds up calls and billed tokens.
     """
 
-    def __init__(self, judge: Any, *, max_repairs: int = 2, max_step_chars: int = 1500) -> None:
-        if max_repairs < 0:
-            raise ValueError(f"max_repairs must be >= 0, got {max_repairs}")
-        self._ask = judge if callable(judge) and not hasattr(judge, "complete") else getattr(judge, "complete", None)
-        if self._ask is None:
-            raise ValueError("judge must be callable or have a complete(messages) method")
+    def __init__(self, judge: Any, *, max_repairs: int = 2, max_step_chars: int = 1500,
+                 temperature: float = 0.1, max_tokens: int = 256) -> None:
+        if isinstance(max_repairs, bool) or not isinstance(max_repairs, int) or max_repairs < 0:
+            raise ValueError(f"max_repairs must be an integer >= 0, got {max_repairs!r}")
+        complete = getattr(judge, "complete", None)
+        if callable(complete):
+            def ask(messages):
+                return complete(messages, schema=SEGMENT_SCHEMA, schema_name="pivotal_segment",
+                                temperature=temperature, max_tokens=max_tokens, sample=0)
+        elif callable(judge):
+            ask = judge
+        else:
+            raise ValueError("judge must have an async complete(messages, ...) method or be callable(messages) -> text")
+        self._ask = ask
         self.max_repairs = max_repairs
         self.max_step_chars = max_step_chars
+        self.usage: Counter[str] = Counter()
 
     def __call__(self, traj: Trajectory, max_len: int) -> tuple[Segment | None, str]:
         prompt = PROPOSE_PROMPT.format(
@@ -230,7 +245,15 @@ class JudgeSegmentProposer:
         messages = [{"role": "user", "content": prompt}]
         error = ""
         for attempt in range(self.max_repairs + 1):
-            text = _answer_text(_run_sync(self._ask(messages)))
+            try:
+                reply = _run_sync(self._ask(messages))
+            except Exception as exc:  # noqa: BLE001 - a judge outage costs this group its bonus, not the run
+                self.usage["errors"] += 1
+                return None, f"judge error: {type(exc).__name__}: {exc}"
+            self.usage["calls"] += 1
+            self.usage["prompt_tokens"] += int(getattr(reply, "prompt_tokens", 0) or 0)
+            self.usage["completion_tokens"] += int(getattr(reply, "completion_tokens", 0) or 0)
+            text = _answer_text(reply)
             try:
                 start, end = _parse_segment_json(text)
                 return validate_segment(start, end, len(traj.steps), max_len), "repaired" if attempt else "ok"
@@ -371,3 +394,32 @@ class EnvContinuations:
                 raise ValueError(f"the environment's end metrics lack {self.outcome_key!r}: {sorted(metrics)}")
             outcomes.append(float(metrics[self.outcome_key]))
         return outcomes
+
+
+# -- the registry entry --------------------------------------------------------------------
+
+from draco_gym.algos.credit import CREDIT_RULES, CreditRule  # noqa: E402 - registration needs the table
+
+
+@CREDIT_RULES.register("prover")
+def _prover_rule(
+    *,
+    continue_fn: ContinueFn | None = None,
+    judge: Any = None,
+    propose: Callable[[Trajectory, int], tuple[Segment | None, str]] | None = None,
+    K: int = 8,
+    lam: float = 1.0,
+    max_segment_len: int = 4,
+    max_repairs: int = 2,
+    outcome_key: str = "success",
+) -> CreditRule:
+    """ProVer: ``continue_fn`` from the trainer (see the module docstring) and a ``judge``
+    (the reward layer's, wrapped in a ``JudgeSegmentProposer``) or a ready ``propose``."""
+    if continue_fn is None:
+        raise ValueError("prover needs continue_fn=(task_id, prefix_messages, k) -> outcomes, "
+                         "continuations of the current policy (the trainer's env runner provides it)")
+    if propose is None:
+        if judge is None:
+            raise ValueError("prover needs judge= (proposes the pivotal segment) or propose=")
+        propose = JudgeSegmentProposer(judge, max_repairs=max_repairs)
+    return ProVerRule(continue_fn, propose, K=K, lam=lam, max_segment_len=max_segment_len, outcome_key=outcome_key)

@@ -202,3 +202,51 @@ class ReferenceScorer:
                     pos = torch.arange(len(s) - n_ans - 1, len(s) - 1, device=logp.device)
                     out.append(float(logp[b, pos, target].mean()))
         return out
+
+
+# -- the registry entry --------------------------------------------------------------------
+
+from draco_gym.algos.credit import CREDIT_RULES, CreditRule  # noqa: E402 - registration needs the table
+
+
+@CREDIT_RULES.register("trace")
+def _trace_rule(
+    *,
+    scorer: Callable[[Trajectory], Sequence[float]] | None = None,
+    reference_model=None,
+    tokenizer=None,
+    answer_key: str = "gold_answer",
+    batch_size: int = 8,
+    max_length: int = 4096,
+    eps: float = 0.1,
+    K: int = 3,
+    gamma: float = 0.8,
+    lambda_term: float = 2.0,
+    alpha_out: float = 1.0,
+    alpha_turn: float = 0.2,
+) -> CreditRule:
+    """TRACE with l_0..l_T from ``scorer(trajectory)``, or from a ``ReferenceScorer`` over
+    ``reference_model`` (a loaded HF causal LM with ``tokenizer``, or a path), built on first
+    use. The advantages handed to the rule are A_out."""
+    params = TraceParams(eps=eps, K=K, gamma=gamma, lambda_term=lambda_term, alpha_out=alpha_out, alpha_turn=alpha_turn)
+    if scorer is None and reference_model is None:
+        raise ValueError("trace needs a reference: pass scorer=(trajectory -> l_0..l_T) or reference_model=")
+    if scorer is not None and not callable(scorer):
+        raise ValueError(f"scorer must be callable, got {type(scorer).__name__}")
+    state: dict = {"scorer": scorer}
+
+    def score(traj: Trajectory) -> list[float]:
+        if state["scorer"] is None:
+            state["scorer"] = ReferenceScorer(reference_model, tokenizer, answer_key=answer_key,
+                                              batch_size=batch_size, max_length=max_length)
+        values = list(state["scorer"](traj))
+        if len(values) != len(traj.steps) + 1:
+            raise ValueError(f"the scorer returned {len(values)} log-probs for {len(traj.steps)} steps; expected {len(traj.steps) + 1}")
+        return values
+
+    def assign(trajectories: Sequence[Trajectory], group, advantages: Sequence[float]) -> list[list[float]]:
+        if len(trajectories) != len(advantages):
+            raise ValueError(f"group sizes differ: {len(trajectories)} trajectories, {len(advantages)} advantages")
+        return [trace_credit(score(t), a, params) if t.steps else [] for t, a in zip(trajectories, advantages)]
+
+    return assign

@@ -228,3 +228,45 @@ def hits_from_step_info(traj: Trajectory, info_key: str = "rule_items") -> list[
             raise ValueError(f"steps[{step.index - 1}].info[{info_key!r}] must map family -> items, got {type(value).__name__}")
         out.append({k: list(v) for k, v in value.items()})
     return out
+
+
+def families_from_reward() -> tuple[RuleFamily, ...]:
+    """The reward layer's rule families (``draco_gym.reward.rules.FAMILIES``) as TRCA's."""
+    from draco_gym.reward.rules import FAMILIES
+
+    return tuple(RuleFamily(name, f.sign, f.budget, tuple(f.items)) for name, f in FAMILIES.items())
+
+
+# -- the registry entry --------------------------------------------------------------------
+
+from draco_gym.algos.credit import CREDIT_RULES, CreditRule  # noqa: E402 - registration needs the table
+
+
+@CREDIT_RULES.register("trca")
+def _trca_rule(
+    *,
+    lam: float = 0.8,
+    gamma: float = 0.95,
+    step_weight: float = 1.0,
+    context_key: str | Callable[[Trajectory, Step], Hashable] = "index",
+    families: Sequence[RuleFamily] | None = None,
+    hits: Callable[[Trajectory], Sequence[StepHits]] | None = None,
+) -> CreditRule:
+    """TRCA over the reward layer's transition rules (``transition_items``) unless ``hits``
+    and ``families`` say otherwise."""
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"lam must be in [0, 1], got {lam!r}")
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
+    key_of = _resolve_key(context_key)
+    if hits is None:
+        from draco_gym.reward.rules import transition_items as hits
+    fams = tuple(families) if families is not None else families_from_reward()
+
+    def assign(trajectories: Sequence[Trajectory], group: GroupScore, advantages: Sequence[float]) -> list[list[float]]:
+        if len(trajectories) != len(advantages):
+            raise ValueError(f"group sizes differ: {len(trajectories)} trajectories, {len(advantages)} advantages")
+        keys = [[key_of(t, s) for s in t.steps] for t in trajectories]
+        return trca_credit([hits(t) for t in trajectories], advantages, keys, fams, lam, gamma, step_weight)
+
+    return assign
