@@ -49,7 +49,7 @@ class RubricReward:
         raise NotImplementedError
 
     def score_group(self, task: Task, trajectories: Sequence[Trajectory]) -> GroupScore:
-        return run_sync(self.ascore_group(task, trajectories))
+        return run_sync(self._then_close(self.ascore_group(task, trajectories)))
 
     async def ascore_groups(self, groups: Sequence[tuple[Task, Sequence[Trajectory]]]) -> list[GroupScore]:
         """Several groups at once (a training step's tasks): their calls share the judge's
@@ -57,7 +57,22 @@ class RubricReward:
         return list(await asyncio.gather(*(self.ascore_group(task, trajs) for task, trajs in groups)))
 
     def score_groups(self, groups: Sequence[tuple[Task, Sequence[Trajectory]]]) -> list[GroupScore]:
-        return run_sync(self.ascore_groups(groups))
+        return run_sync(self._then_close(self.ascore_groups(groups)))
+
+    async def aclose(self) -> None:
+        """Release the judge's connections on the running event loop (async callers that
+        own their loop may call it before closing the loop; the sync API always does)."""
+        client = getattr(self, "client", None)
+        if client is not None:
+            await client.aclose()
+
+    async def _then_close(self, coroutine):
+        # The sync API runs each call on a fresh event loop; connections opened on it must
+        # close before it does, or they fail later at garbage collection.
+        try:
+            return await coroutine
+        finally:
+            await self.aclose()
 
 
 def check_group(task: Task, trajectories: Sequence[Trajectory]) -> list[Trajectory]:

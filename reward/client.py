@@ -165,6 +165,7 @@ class JudgeSettings:
     requests_per_minute, tokens_per_minute
                      client-side rate limits (None: off); tokens are estimated before the
                      call as prompt characters / 4 + max_tokens
+    rate_window_s    the window those limits count over (60 s; shorter only in tests)
     deadline_s       upper bound on one call, the judge's own retries included
     retries          further attempts when a call fails or passes its deadline
     max_repairs      follow-up requests that show the judge its errors
@@ -177,6 +178,7 @@ class JudgeSettings:
     max_concurrency: int = 16
     requests_per_minute: float | None = None
     tokens_per_minute: float | None = None
+    rate_window_s: float = 60.0
     deadline_s: float = 600.0
     retries: int = 1
     retry_wait_s: float = 1.0
@@ -205,8 +207,9 @@ class _LoopState:
     def __init__(self, settings: JudgeSettings) -> None:
         self.slots = asyncio.Semaphore(settings.max_concurrency)
         rpm, tpm = settings.requests_per_minute, settings.tokens_per_minute
-        self.requests = AsyncLimiter(rpm, 60.0) if rpm else None
-        self.tokens = AsyncLimiter(tpm, 60.0) if tpm else None
+        window = settings.rate_window_s
+        self.requests = AsyncLimiter(rpm, window) if rpm else None
+        self.tokens = AsyncLimiter(tpm, window) if tpm else None
 
 
 class JudgeClient:
@@ -234,6 +237,11 @@ class JudgeClient:
         self.__dict__.update(state)
         self._loops = weakref.WeakKeyDictionary()
         self.cache = DiskCache(self.settings.cache_dir) if self.settings.cache_dir else None
+
+    async def aclose(self) -> None:
+        close = getattr(self.judge, "aclose", None)
+        if close is not None:
+            await close()
 
     @property
     def model(self) -> str:
@@ -304,7 +312,7 @@ class JudgeClient:
         state = self._state()
         retrying = AsyncRetrying(
             stop=stop_after_attempt(settings.retries + 1),
-            wait=wait_exponential_jitter(initial=settings.retry_wait_s, max=30 * settings.retry_wait_s),
+            wait=wait_exponential_jitter(multiplier=settings.retry_wait_s, max=30 * settings.retry_wait_s, jitter=settings.retry_wait_s),
             retry=retry_if_exception_type((JudgeUnavailable, asyncio.TimeoutError)),
             reraise=True,
         )

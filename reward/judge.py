@@ -150,6 +150,12 @@ class OpenAIJudge:
             self._clients[loop] = client
         return client
 
+    async def aclose(self) -> None:
+        """Close this event loop's HTTP client."""
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.close()
+
     def _response_format(self, schema: dict | None, schema_name: str) -> dict | None:
         if schema is None or self._format == "none":
             return None

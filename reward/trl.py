@@ -30,7 +30,7 @@ from collections import deque
 from typing import Any
 
 from draco_gym.codeblock import parse_message
-from draco_gym.reward.base import RubricReward, run_sync
+from draco_gym.reward.base import RubricReward
 from draco_gym.types import GroupScore, Step, Task, Termination, Trajectory
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class TRLReward:
             sizes = [len(m) for _, m in groups]
             if any(s != self.num_generations for s in sizes):
                 log.warning("groups of sizes %s in this batch, expected %d completions per prompt", sizes, self.num_generations)
-        scored = run_sync(self.reward.ascore_groups(groups))
+        scored = self.reward.score_groups(groups)
         self.last_groups = [(members, score) for (_, members), score in zip(groups, scored)]
         self.history.extend(self.last_groups)
         return [r for _, score in self.last_groups for r in score.rewards]
