@@ -336,6 +336,9 @@ class JudgeClient:
             raise StageFailed(stage, f"no answer within {settings.deadline_s:g} s ({settings.retries + 1} attempts)") from None
         except JudgeUnavailable as exc:
             raise StageFailed(stage, f"judge unavailable after {settings.retries + 1} attempts: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - a judge's own bug must not end a training run
+            log.warning("judge %s raised during %s", self.model, stage, exc_info=True)
+            raise StageFailed(stage, f"judge raised {type(exc).__name__}: {exc}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _rate_limit(self, state: _LoopState, messages: list[dict[str, str]]) -> None:
