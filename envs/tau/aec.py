@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from pettingzoo import AECEnv
 
-from draco_gym.envs.base import text_space, truncate_middle
+from draco_gym.envs.base import MAX_TEXT_CHARS, text_space, truncate_middle
 from draco_gym.envs.tau.backends import Backend, make_backend
 from draco_gym.envs.tau.conversation import Conversation, agent_system_prompt, render_lines
 
@@ -39,15 +39,13 @@ class TextObservation(str):
     """A string observation with the ``dtype`` of draco-gym's Text space."""
 
     __slots__ = ()
-
-    @property
-    def dtype(self) -> np.dtype:
-        return text_space().dtype
+    dtype = np.dtype(str)
 
 
 class TauBenchAEC(AECEnv):
     """See the module docstring. Arguments as for ``TauBenchEnv``; ``max_turns`` bounds the
-    actions of both sides together, malformed ones included."""
+    actions of both sides together, malformed ones included; ``max_action_chars`` is the
+    action spaces' ``max_length`` (what ``sample()`` draws up to)."""
 
     metadata = {"name": "tau_bench_aec_v0", "render_modes": ["ansi"], "is_parallelizable": False}
 
@@ -61,6 +59,7 @@ class TauBenchAEC(AECEnv):
         max_steps: int = 100,
         max_errors: int = 10,
         max_observation_chars: int = 12_000,
+        max_action_chars: int = MAX_TEXT_CHARS,
         multi_block: str = "reject",
         render_mode: str | None = None,
         **backend_options: Any,
@@ -77,6 +76,8 @@ class TauBenchAEC(AECEnv):
         self.max_observation_chars = max_observation_chars
         self.render_mode = render_mode
         self.possible_agents = [ASSISTANT, USER]
+        self.observation_spaces = {a: text_space() for a in self.possible_agents}
+        self.action_spaces = {a: text_space(max_action_chars) for a in self.possible_agents}
         self.agents: list[str] = []
         self._observations: dict[str, str] = {}
         self._rng = np.random.default_rng()
@@ -84,10 +85,10 @@ class TauBenchAEC(AECEnv):
         self._last = ""
 
     def observation_space(self, agent: str):
-        return text_space()
+        return self.observation_spaces[agent]
 
     def action_space(self, agent: str):
-        return text_space()
+        return self.action_spaces[agent]
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         if seed is not None:
