@@ -272,13 +272,13 @@ class JudgeClient:
             reply = await self._complete(stage, conversation, schema, meter, sample)
             try:
                 return check(reply.text)
-            except InvalidAnswer as exc:
-                errors = exc.errors
+            except ValueError as exc:  # InvalidAnswer, and any other value error a check raises
+                errors = exc.errors if isinstance(exc, InvalidAnswer) else [f"{type(exc).__name__}: {exc}"[:500]]
                 log.info("judge answer for %s was invalid (attempt %d): %s", stage, repair + 1, exc)
                 conversation = [
                     *conversation,
                     {"role": "assistant", "content": reply.text},
-                    {"role": "user", "content": repair_request(exc.errors)},
+                    {"role": "user", "content": repair_request(errors)},
                 ]
         raise StageFailed(stage, f"invalid answer after {self.settings.max_repairs} repairs: {'; '.join(errors)[:500]}")
 
