@@ -257,3 +257,21 @@ def test_continuations_need_a_restorable_env():
 
     with pytest.raises(ValueError, match="can_restore"):
         EnvContinuations(Plain(), submit_n_policy)
+
+
+def test_env_runner_continuations_plumbing():
+    from draco_gym.algos.credit.prover import env_runner_continuations
+
+    class Runner:
+        def continue_from(self, task_id, messages, k, seed=0):
+            return [_traj(len(messages) + 1, i % 2 == 0, task_id) for i in range(k)]
+
+    class Group:  # the two EnvRunnerGroup methods the helper uses
+        def healthy_env_runner_ids(self):
+            return [1, 2]
+
+        def foreach_env_runner(self, func, local_env_runner, remote_worker_ids):
+            assert local_env_runner is False and remote_worker_ids == [1]
+            return [func(Runner())]
+
+    assert env_runner_continuations(Group())("t", ["a", "b"], 3) == [1.0, 0.0, 1.0]

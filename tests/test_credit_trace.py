@@ -72,7 +72,7 @@ def test_registry_needs_a_reference():
 def _traj(n_steps, answer="42"):
     steps = [Step(index=i, text=f"```python\nprint(add({i}, 3))\n```", code=f"print(add({i}, 3))",
                   observation=str(i + 3), n_tokens=5) for i in range(1, n_steps + 1)]
-    task = Task(id="t", instruction="add things", agent_prompt="You are a helpful agent.", metadata={"gold_answer": answer})
+    task = Task(id="t", instruction="add things", agent_prompt="You are a helpful agent.", metadata={"answer": answer})
     return Trajectory(task=task, steps=steps)
 
 
@@ -113,7 +113,7 @@ def _one_at_a_time(model, tok, traj, scorer):
 
     from draco_gym.algos.credit.trace import default_render
 
-    answer = tok(traj.task.metadata["gold_answer"], add_special_tokens=False)["input_ids"]
+    answer = tok(traj.task.metadata["answer"], add_special_tokens=False)["input_ids"]
     out = []
     for k in range(len(traj.steps) + 1):
         ctx = [tok.bos_token_id] + tok(default_render(traj.task, traj.steps[:k]) + scorer.answer_prompt,
@@ -146,5 +146,5 @@ def test_scorer_through_registry_and_missing_gold(tiny_lm):
     out = rule([_traj(3)], GroupScore(), [0.7])
     assert out == [pytest.approx(trace_credit(ReferenceScorer(model, tok)(_traj(3)), 0.7))]
     no_gold = _traj(2).model_copy(update={"task": Task(id="x", instruction="?")})
-    with pytest.raises(ValueError, match="gold_answer"):
+    with pytest.raises(ValueError, match="answer"):
         rule([no_gold], GroupScore(), [0.1])

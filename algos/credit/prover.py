@@ -48,6 +48,7 @@ __all__ = [
     "ProVerRule",
     "Segment",
     "apply_segment_bonus",
+    "env_runner_continuations",
     "prover_delta",
     "prover_eligible",
     "shortest_success",
@@ -394,6 +395,23 @@ class EnvContinuations:
                 raise ValueError(f"the environment's end metrics lack {self.outcome_key!r}: {sorted(metrics)}")
             outcomes.append(float(metrics[self.outcome_key]))
         return outcomes
+
+
+def env_runner_continuations(env_runner_group, *, outcome_key: str = "success", seed: int = 0) -> ContinueFn:
+    """``continue_fn`` for the RLlib trainer: the k continuations run on one of its env
+    runners (``LLMEnvRunner.continue_from``), so they use the policy weights just synced
+    there; the outcome is read from each continuation's end metrics."""
+
+    def continue_fn(task_id: str, prefix_messages: list[str], k: int) -> list[float]:
+        ids = env_runner_group.healthy_env_runner_ids()
+        if not ids:
+            raise RuntimeError("no healthy env runner to run ProVer's continuations on")
+        trajectories = env_runner_group.foreach_env_runner(
+            lambda runner: runner.continue_from(task_id, list(prefix_messages), k, seed),
+            local_env_runner=False, remote_worker_ids=ids[:1])[0]
+        return [_outcome(t, outcome_key, i) for i, t in enumerate(trajectories)]
+
+    return continue_fn
 
 
 # -- the registry entry --------------------------------------------------------------------

@@ -120,7 +120,7 @@ class ReferenceScorer:
 
     ``model`` is an ``AutoModelForCausalLM`` (the initial policy, or any HF model sharing
     nothing with the policy) or a path to load one from. The gold answer is read from
-    ``task.metadata[answer_key]``.
+    ``task.metadata[answer_key]`` (``"answer"``, where PythonTools keeps it).
     """
 
     def __init__(
@@ -128,7 +128,7 @@ class ReferenceScorer:
         model,
         tokenizer=None,
         *,
-        answer_key: str = "gold_answer",
+        answer_key: str = "answer",
         answer_prompt: str = "\n\nFinal answer: ",
         render: Callable[[Task, Sequence[Step]], str] = default_render,
         batch_size: int = 8,
@@ -204,6 +204,20 @@ class ReferenceScorer:
         return out
 
 
+_LOADED: dict[tuple, ReferenceScorer] = {}
+
+
+def _reference_scorer(model, tokenizer, answer_key: str, batch_size: int, max_length: int) -> ReferenceScorer:
+    """One scorer per model path and settings for the whole process: a trainer rebuilds its
+    credit rule every iteration, and the reference must not be reloaded each time."""
+    if not isinstance(model, str):
+        return ReferenceScorer(model, tokenizer, answer_key=answer_key, batch_size=batch_size, max_length=max_length)
+    key = (model, answer_key, batch_size, max_length)
+    if key not in _LOADED:
+        _LOADED[key] = ReferenceScorer(model, tokenizer, answer_key=answer_key, batch_size=batch_size, max_length=max_length)
+    return _LOADED[key]
+
+
 # -- the registry entry --------------------------------------------------------------------
 
 from draco_gym.algos.credit import CREDIT_RULES, CreditRule  # noqa: E402 - registration needs the table
@@ -215,7 +229,7 @@ def _trace_rule(
     scorer: Callable[[Trajectory], Sequence[float]] | None = None,
     reference_model=None,
     tokenizer=None,
-    answer_key: str = "gold_answer",
+    answer_key: str = "answer",
     batch_size: int = 8,
     max_length: int = 4096,
     eps: float = 0.1,
@@ -237,8 +251,7 @@ def _trace_rule(
 
     def score(traj: Trajectory) -> list[float]:
         if state["scorer"] is None:
-            state["scorer"] = ReferenceScorer(reference_model, tokenizer, answer_key=answer_key,
-                                              batch_size=batch_size, max_length=max_length)
+            state["scorer"] = _reference_scorer(reference_model, tokenizer, answer_key, batch_size, max_length)
         values = list(state["scorer"](traj))
         if len(values) != len(traj.steps) + 1:
             raise ValueError(f"the scorer returned {len(values)} log-probs for {len(traj.steps)} steps; expected {len(traj.steps) + 1}")
