@@ -1,0 +1,148 @@
+"""Judge-free rewards: TRCA transition items, the rule rubric, the outcome reward, and the
+TRL adapter's grouping (no TRL needed), all against numbers worked by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from draco_gym.reward import (
+    FAMILIES,
+    OutcomeReward,
+    RuleRubricReward,
+    TRLReward,
+    foundational_rewards,
+    item_score,
+    transition_items,
+)
+from draco_gym.reward.rules import RULE_CRITERIA, rule_verdicts
+from draco_gym.types import Step, Task, Trajectory
+
+TASK = Task(id="music-1", instruction="Like every song in my playlist.")
+
+
+def step(j, text, code=None, observation="", *, parse_error=None, exec_error=None, submitted=False):
+    info = {"parse": {"n_blocks": int(code is not None), "error": parse_error, "warning": None}, "exec_error": exec_error}
+    if submitted:
+        info["submitted"] = True
+    return Step(index=j, text=text, code=code, observation=observation, info=info, n_tokens=5)
+
+
+SEARCH = "x = apis.spotify.search(q='a')"
+MESSY = Trajectory(task=TASK, termination="no_code", steps=[
+    step(1, "look", "print(apis.api_docs.show_api_descriptions('spotify'))", "login, search"),
+    step(2, "try", SEARCH, "Traceback (most recent call last):\nKeyError: 'q'", exec_error="KeyError"),
+    step(3, "again", SEARCH, "Traceback (most recent call last):\nKeyError: 'q'", exec_error="KeyError"),
+    step(4, "two blocks", None, "Error: found 2 code blocks.", parse_error="found 2 code blocks"),
+    step(5, "fix", "print(apis.spotify.search(query='a', page=1))", "song list"),
+    step(6, "finish", "apis.supervisor.complete_task()", "done", submitted=True),
+    step(7, "All done."),
+])
+CLEAN = Trajectory(task=TASK, termination="no_code", steps=[
+    step(1, "finish", "apis.supervisor.complete_task()", "done", submitted=True),
+    step(2, "Done."),
+])
+
+
+def test_transition_items_by_hand():
+    hits = transition_items(MESSY)
+    assert hits[0] == {"evidence": ["reads_documentation", "observes_output", "novel_observation"],
+                       "execution": ["runs_cleanly"], "invalidity": []}
+    assert hits[1] == {"evidence": [], "execution": [], "invalidity": ["execution_error"]}
+    assert hits[2] == {"evidence": [], "execution": [], "invalidity": ["execution_error", "repeats_action"]}
+    assert hits[3] == {"evidence": [], "execution": [], "invalidity": ["malformed_block"]}
+    assert hits[4] == {"evidence": ["observes_output", "novel_observation"],
+                       "execution": ["runs_cleanly", "recovers_from_error"], "invalidity": []}
+    assert hits[5] == {"evidence": ["observes_output", "novel_observation"],
+                       "execution": ["runs_cleanly", "submits"], "invalidity": []}
+    assert hits[6] == {"evidence": [], "execution": [], "invalidity": []}  # the closing turn is normal
+
+
+def test_item_scores_and_foundational_rewards():
+    assert item_score("evidence", "observes_output") == pytest.approx(1 / 3)
+    assert item_score("invalidity", "repeats_action") == pytest.approx(-1 / 4)
+    with pytest.raises(KeyError):
+        item_score("evidence", "repeats_action")
+    expected = [4 / 3, -1 / 4, -1 / 2, -1 / 4, 4 / 3, 4 / 3, 0.0]
+    assert foundational_rewards(MESSY) == pytest.approx(expected)
+    assert {f: (s.sign, s.budget, len(s.items)) for f, s in FAMILIES.items()} == {
+        "evidence": (1, 1.0, 3), "execution": (1, 1.0, 3), "invalidity": (-1, 1.0, 4)}
+
+
+def test_rule_verdicts_cite_steps():
+    verdicts = {v.criterion: (v.score, v.cited_steps) for v in rule_verdicts(MESSY)}
+    titles = {c.title for c in RULE_CRITERIA}
+    assert set(verdicts) == titles and len(titles) == 10
+    assert verdicts["Reads API documentation before use"] == (1, [1])
+    assert verdicts["Changes approach after an error"] == (1, [5])
+    assert verdicts["Runs code that raises an error"] == (-1, [2, 3])
+    assert verdicts["Repeats an earlier action unchanged"] == (-1, [3])
+    assert verdicts["Writes a malformed code block"] == (-1, [4])
+    assert verdicts["Sends a turn with no code"] == (1, [1, 2, 3, 5, 6])  # absence: the steps that ran code
+    clean = {v.criterion: (v.score, v.cited_steps) for v in rule_verdicts(CLEAN)}
+    assert clean["Reads API documentation before use"] == (-1, [2])  # omission: cited at the last step
+
+
+def test_rule_reward_with_dropout_by_hand():
+    group = RuleRubricReward().score_group(TASK, [MESSY, CLEAN])
+    # nobody failed: observes_output, novel_observation, runs_cleanly, submits, missing_block
+    assert len(group.dropped) == 5
+    kept = [c.title for c in group.criteria]
+    assert kept == ["Reads API documentation before use", "Changes approach after an error",
+                    "Writes a malformed code block", "Runs code that raises an error", "Repeats an earlier action unchanged"]
+    # MESSY: P P F F F -> -1/5;  CLEAN: F F P P P -> +1/5
+    assert group.rewards == pytest.approx([-0.2, 0.2])
+    assert group.scores[0].step_counts(7) == ([1, 0, 0, 0, 1, 0, 0], [0, 1, 2, 1, 0, 0, 0])
+    assert group.fallbacks == [] and group.usage == {}
+
+
+def test_rules_read_text_when_info_is_missing():
+    bare = Trajectory(task=TASK, steps=[
+        Step(index=1, text="t", code="1/0", observation="Traceback (most recent call last):\nZeroDivisionError: division by zero"),
+        Step(index=2, text="t", code="print(2)", observation="2"),
+    ])
+    hits = transition_items(bare)
+    assert hits[0]["invalidity"] == ["execution_error"]
+    assert hits[1]["execution"] == ["runs_cleanly", "recovers_from_error"]
+    # an unfinished episode: a turn with no code in the middle is a wasted turn
+    middle = Trajectory(task=TASK, termination="max_turns", steps=[Step(index=1, text="hmm"), Step(index=2, text="x", code="1", observation="1")])
+    assert transition_items(middle)[0]["invalidity"] == ["missing_block"]
+
+
+def test_empty_trajectory_is_scored_not_crashed():
+    empty = Trajectory(task=TASK, steps=[])
+    group = RuleRubricReward().score_group(TASK, [empty, CLEAN])
+    assert len(group.scores) == 2 and all(math.isfinite(r) for r in group.rewards)
+
+
+def test_outcome_reward():
+    trajs = [Trajectory(task=TASK, metrics=m) for m in ({"success": True}, {"success": 0.25}, {}, {"success": float("nan")})]
+    group = OutcomeReward().score_group(TASK, trajs)
+    assert group.rewards == [1.0, 0.25, 0.0, 0.0]
+    assert [f.split(":")[0] for f in group.fallbacks] == ["outcome[3]", "outcome[4]"]
+    assert group.criteria == [] and all(not s.verdicts for s in group.scores)
+    ratio = OutcomeReward(ratio=("tests_passed", "tests_total")).score_group(
+        TASK, [Trajectory(task=TASK, metrics={"tests_passed": 3, "tests_total": 4})])
+    assert ratio.rewards == [0.75]
+
+
+def test_trl_adapter_groups_adjacent_completions():
+    reward = TRLReward(RuleRubricReward(), num_generations=2)
+    prompts = ["Like every song."] * 2 + [[{"role": "system", "content": "sys"}, {"role": "user", "content": "Delete the alarm."}]] * 2
+    completions = [
+        "```python\nprint(apis.api_docs.show_api_descriptions('x'))\n```",
+        "```python\n1/0\n```",
+        [{"role": "assistant", "content": "```python\nprint(1)\n```"}, {"role": "tool", "content": "1"},
+         {"role": "assistant", "content": "done"}],
+        [{"role": "assistant", "content": "no code at all"}],
+    ]
+    rewards = reward(prompts=prompts, completions=completions, task_id=["a", "a", "b", "b"])
+    assert len(rewards) == 4 and reward.__name__ == "draco_rule"
+    assert [len(m) for m, _ in reward.last_groups] == [2, 2]
+    (first, g1), (second, g2) = reward.last_groups
+    assert first[0].task.id == "a" and second[0].task.agent_prompt == "sys" and second[0].task.instruction == "Delete the alarm."
+    assert [len(t.steps) for t in second] == [2, 1] and second[0].steps[0].observation == "1"
+    assert rewards == g1.rewards + g2.rewards
+    # the completion with docs and clean output beats the one that raised
+    assert rewards[0] > rewards[1]
