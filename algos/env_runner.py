@@ -1,0 +1,195 @@
+"""The rollout actor: G episodes per task with the current policy, scored by the reward.
+
+RLlib's stock ``SingleAgentEnvRunner`` cannot serve here: it treats a ``Text`` observation
+as a sequence and splits it into characters, and it cannot choose the task at reset. This
+runner owns a pool of environments, a sampling copy of the policy (LoRA state synced from
+the learner) and the reward; ``sample`` returns whole scored groups, and the driver only
+turns them into advantages and a batch.
+
+Scoring happens here, next to the rollouts: groups of different runners are judged in
+parallel, and a self-judging reward can use this runner's copy of the policy.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ray
+from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.env import INPUT_ENV_SPACES
+from ray.rllib.env.env_runner import EnvRunner
+from ray.rllib.utils.checkpoints import Checkpointable
+from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
+
+from draco_gym.types import Trajectory
+
+from draco_gym.algos.chat import ChatFormat, eos_token_ids
+from draco_gym.algos.rollout import Episode, EpisodeLimits, run_episodes
+
+
+def make_env(env: Any, env_config: dict):
+    """An environment from RLlib's ``config.env``: a Gymnasium id, an id registered with
+    ``ray.tune.register_env``, a class (called with ``**env_config``) or a creator
+    function (called with ``env_config``)."""
+    import gymnasium as gym
+
+    import draco_gym  # noqa: F401 - registers the draco_gym/ ids
+
+    if isinstance(env, str):
+        from ray.tune.registry import ENV_CREATOR, _global_registry
+
+        if _global_registry.contains(ENV_CREATOR, env):
+            return _global_registry.get(ENV_CREATOR, env)(dict(env_config))
+        return gym.make(env, **dict(env_config))
+    if isinstance(env, type):
+        return env(**dict(env_config))
+    if callable(env):
+        return env(dict(env_config))
+    raise ValueError(f"config.env must be a Gymnasium id, a class or a creator function, got {env!r}")
+
+
+def episode_limits(config) -> EpisodeLimits:
+    return EpisodeLimits(max_new_tokens=config.max_new_tokens, max_prompt_tokens=config.max_prompt_tokens,
+                         max_response_tokens=config.max_response_tokens)
+
+
+class LLMEnvRunner(EnvRunner, Checkpointable):
+    def __init__(self, *, config, **kwargs) -> None:
+        super().__init__(config=config, **kwargs)
+        from transformers import AutoTokenizer
+
+        self._weights_seq_no = 0
+        self._envs: list = []
+        self._reward = None
+        self._probe = make_env(config.env, config.env_config)
+        self.module = config.get_rl_module_spec(spaces=self.get_spaces(), inference_only=True).build()
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
+        self.chat = ChatFormat.from_tokenizer(self.tokenizer)
+        self.sampler = self._make_sampler(config.temperature)
+
+    def _make_sampler(self, temperature: float):
+        from draco_gym.algos.generation import TorchSampler, VLLMSampler
+
+        eos = eos_token_ids(self.tokenizer, getattr(self.module.lm, "generation_config", None))
+        if self.config.sampler == "vllm":
+            return VLLMSampler(self.config.model_path, eos_ids=eos, temperature=temperature)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
+        return TorchSampler(self.module.lm, eos_ids=eos, pad_id=pad, temperature=temperature)
+
+    # -- what the driver calls -------------------------------------------------------------
+
+    def task_ids(self) -> list[str]:
+        ids = getattr(self._probe.unwrapped, "task_ids", None)
+        if ids is None:
+            raise ValueError(f"environment {self.config.env!r} does not list its tasks (task_ids); "
+                             "set task_ids in the config")
+        return list(ids)
+
+    def sample(self, *, tasks: list[str], group_size: int, seed: int, score: bool = True,
+               temperature: float | None = None, **kwargs) -> dict:
+        """G episodes of each task, batched into one sampling call per turn, then one
+        reward call per group. Returns the groups, timings and token counts."""
+        t0 = time.perf_counter()
+        sampler = self.sampler if temperature is None else self._make_sampler(temperature)
+        self._ensure_envs(len(tasks) * group_size)
+        limits = episode_limits(self.config)
+        episodes = [
+            Episode.start(self._envs[k], self.chat, limits, task_id=task, seed=seed + k)
+            for k, task in enumerate(t for t in tasks for _ in range(group_size))
+        ]
+        env_time = [0.0]
+        trajectories = run_episodes(episodes, _Timed(sampler, env_time), self.chat, limits, seed=seed)
+        t_rollout = time.perf_counter() - t0
+        groups, t1 = [], time.perf_counter()
+        for i, task in enumerate(tasks):
+            trajs = trajectories[i * group_size : (i + 1) * group_size]
+            group_score = self.reward.score_group(trajs[0].task, trajs) if score else None
+            groups.append({"task_id": task, "trajectories": trajs, "score": group_score})
+        t_judge = time.perf_counter() - t1
+        new_tokens = sum(len(t.token_ids) - t.token_step.count(-1) for t in trajectories)
+        return {
+            "groups": groups,
+            "timers": {"generation": env_time[0], "env": t_rollout - env_time[0], "judge": t_judge},
+            "generated_tokens": new_tokens,
+            WEIGHTS_SEQ_NO: self._weights_seq_no,
+        }
+
+    def continue_from(self, task_id: str, messages: list[str], k: int, seed: int = 0) -> list[Trajectory]:
+        """K continuations of ``task_id`` after replaying ``messages`` (ProVer's restarts),
+        with the current policy. Needs an environment with ``can_restore``."""
+        self._ensure_envs(k)
+        limits = episode_limits(self.config)
+        episodes = [Episode.from_prefix(self._envs[i], self.chat, limits, task_id, messages) for i in range(k)]
+        return run_episodes(episodes, self.sampler, self.chat, limits, seed=seed)
+
+    @property
+    def reward(self):
+        if self._reward is None:
+            from draco_gym.algos.policy_judge import build_trainer_reward
+
+            self._reward = build_trainer_reward(self.config.reward, dict(self.config.reward_options), self)
+        return self._reward
+
+    def _ensure_envs(self, n: int) -> None:
+        while len(self._envs) < n:
+            self._envs.append(make_env(self.config.env, self.config.env_config))
+
+    # -- EnvRunner / Checkpointable contract -------------------------------------------------
+
+    def assert_healthy(self) -> None:
+        assert self.module is not None and self._probe is not None
+
+    def get_spaces(self):
+        spaces = (self._probe.observation_space, self._probe.action_space)
+        return {INPUT_ENV_SPACES: spaces, DEFAULT_MODULE_ID: spaces}
+
+    def get_metrics(self) -> dict:
+        return {}
+
+    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
+        return {COMPONENT_RL_MODULE: self.module.get_state(), WEIGHTS_SEQ_NO: self._weights_seq_no}
+
+    def set_state(self, state: dict) -> None:
+        if COMPONENT_RL_MODULE not in state:
+            return
+        seq = state.get(WEIGHTS_SEQ_NO, 0)
+        if seq == 0 or seq > self._weights_seq_no:
+            weights = state[COMPONENT_RL_MODULE]
+            if isinstance(weights, ray.ObjectRef):
+                weights = ray.get(weights)
+            weights = weights.get(DEFAULT_MODULE_ID, weights)
+            self.module.set_state(weights)
+            if hasattr(self.sampler, "set_adapter"):  # vLLM: hand the new adapter over
+                import tempfile
+
+                self.sampler.set_adapter(self.module.save_adapter(tempfile.mkdtemp(prefix="draco_lora_")))
+        self._weights_seq_no = max(self._weights_seq_no, seq)
+
+    def get_ctor_args_and_kwargs(self):
+        return (), {"config": self.config}
+
+    def get_checkpointable_components(self):
+        return []
+
+    def stop(self) -> None:
+        for env in self._envs + [self._probe]:
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+        self._envs = []
+
+
+class _Timed:
+    """A sampler wrapper that adds its wall time to ``total[0]``."""
+
+    def __init__(self, sampler, total: list[float]) -> None:
+        self.sampler, self.total = sampler, total
+
+    def sample(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return self.sampler.sample(*args, **kwargs)
+        finally:
+            self.total[0] += time.perf_counter() - t0

