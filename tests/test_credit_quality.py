@@ -13,6 +13,7 @@ from draco_gym.algos.credit.quality import (
     group_credit,
     judge_group,
     main,
+    match_uniform_push,
     reference_logprobs,
     softmax,
     train,
@@ -76,9 +77,21 @@ def test_every_rule_gives_finite_step_advantages(rule):
     for _ in range(5):
         actions = np.stack([np.array([rng.choice(cfg.n_actions, p=pr) for pr in probs]) for _ in range(cfg.group_size)])
         tokens = rng.integers(20, 81, size=actions.shape)
-        out, extra = group_credit(rule, t, probs, actions, tokens, cfg, rng)
+        out, extra, adv = group_credit(rule, t, probs, actions, tokens, cfg, rng)
         assert out.shape == actions.shape and np.isfinite(out).all()
         assert extra in ((0, 2 * cfg.prover_k) if rule == "prover" else (0,))
+        # rescaled to uniform's push: sum n|a| equals sum_i |A_i| N_i; DRACO already conserves it
+        matched = match_uniform_push(out, tokens, adv)
+        uniform_push = (np.abs(adv) * tokens.sum(axis=1)).sum()
+        assert (tokens * np.abs(matched)).sum() == pytest.approx(uniform_push) or uniform_push == 0
+        if rule == "draco":
+            np.testing.assert_allclose(matched, out)
+
+
+def test_match_push_by_hand():
+    # A = [1, -1], N = [10, 10]: uniform push 20; the rule pushes 2*10 + 4*10 = 60 -> scale 1/3
+    out = match_uniform_push(np.array([[2.0, 0.0], [-4.0, 0.0]]), np.array([[10, 0], [10, 0]]), np.array([1.0, -1.0]))
+    np.testing.assert_allclose(out, [[2 / 3, 0.0], [-4 / 3, 0.0]])
 
 
 def test_training_learns_and_is_reproducible():

@@ -79,6 +79,7 @@ class SimConfig:
     rule_exec_bad: float = 0.4
     rule_invalid_bad: float = 0.5
     rule_evidence_filler: float = 0.3
+    match_push: bool = False  # rescale each group's step advantages to uniform credit's total push
 
     def __post_init__(self) -> None:
         if self.n_pivots + self.n_hazards > self.n_steps - 1:
@@ -200,8 +201,9 @@ def rule_hits(task: Task, good: np.ndarray, cfg: SimConfig, rng: np.random.Gener
 
 
 def group_credit(rule: str, task: Task, probs: np.ndarray, actions: np.ndarray, tokens: np.ndarray,
-                 cfg: SimConfig, rng: np.random.Generator) -> tuple[np.ndarray, int]:
-    """(N, T) step advantages of one group under ``rule``, and extra episodes it ran."""
+                 cfg: SimConfig, rng: np.random.Generator) -> tuple[np.ndarray, int, np.ndarray]:
+    """(N, T) step advantages of one group under ``rule``, the extra episodes it ran, and
+    the group advantages A_i."""
     good = task.good(actions)
     rewards, passes, fails = judge_group(task, good, cfg, rng)
     adv = group_advantages(rewards.tolist())
@@ -234,7 +236,7 @@ def group_credit(rule: str, task: Task, probs: np.ndarray, actions: np.ndarray, 
             out[star] = apply_segment_bonus(out[star].tolist(), seg, prover_delta(pre.tolist(), post.tolist()))
     else:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-    return out, extra
+    return out, extra, np.asarray(adv)
 
 
 def attribution_precision(task: Task, actions: np.ndarray, tokens: np.ndarray, step_adv: np.ndarray) -> list[float]:
@@ -248,6 +250,16 @@ def attribution_precision(task: Task, actions: np.ndarray, tokens: np.ndarray, s
     total = push.sum(axis=1)
     keep = total > 1e-12
     return (right.sum(axis=1)[keep] / total[keep]).tolist()
+
+
+def match_uniform_push(step_adv: np.ndarray, tokens: np.ndarray, advantages: np.ndarray) -> np.ndarray:
+    """Scale a group's step advantages so that sum_ij n_ij |a_ij| equals uniform credit's
+    sum_i |A_i| N_i: what is left of a rule's speed-up is where it pushes, not how hard.
+    (DRACO conserves the push already; TRACE, ProVer and TRCA add to it.)"""
+    rule_push = float((tokens * np.abs(step_adv)).sum())
+    if rule_push <= 1e-12:
+        return step_adv
+    return step_adv * (float((np.abs(advantages) * tokens.sum(axis=1)).sum()) / rule_push)
 
 
 # -- one training run ------------------------------------------------------------------------
@@ -280,7 +292,9 @@ def train(rule: str, cfg: SimConfig, seed: int) -> RunResult:
         for _ in range(cfg.groups_per_update):
             actions = sample(probs, cfg.group_size, rng)
             tokens = rng.integers(cfg.min_tokens, cfg.max_tokens + 1, size=actions.shape)
-            step_adv, extra = group_credit(rule, task, probs, actions, tokens, cfg, rng)
+            step_adv, extra, adv = group_credit(rule, task, probs, actions, tokens, cfg, rng)
+            if cfg.match_push:
+                step_adv = match_uniform_push(step_adv, tokens, adv)
             episodes += cfg.group_size + extra
             shares += attribution_precision(task, actions, tokens, step_adv)
             pushes += ((tokens * np.abs(step_adv)).sum(axis=1) / tokens.sum(axis=1)).tolist()
@@ -364,7 +378,7 @@ def plot(rows: list[dict], rules: tuple[str, ...], path: Path, cfg: SimConfig) -
         ax_eps.grid(alpha=0.3)
         ax_prec.legend(fontsize=8)
     fig.suptitle(f"Credit quality: T = {cfg.n_steps} steps, {cfg.n_pivots} pivots + {cfg.n_hazards} hazards, "
-                 f"G = {cfg.group_size}, mean ± std over seeds")
+                 f"G = {cfg.group_size}, mean ± std over seeds" + (", push matched to uniform" if cfg.match_push else ""))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -390,6 +404,8 @@ def run_benchmark(ps: list[float], seeds: int, rules: tuple[str, ...] = RULES, c
                     f"  ({time.perf_counter() - start:5.1f} s)")
     rows = summarise(results, rules)
     log("")
+    if cfg.match_push:
+        log("every rule's step advantages rescaled per group to uniform's total push (--match-push)")
     log(format_table(rows, cfg.max_episodes))
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -423,6 +439,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rules", default=",".join(RULES), help="comma-separated rules (default all)")
     parser.add_argument("--budget", type=int, default=SimConfig.max_episodes, help="episode budget per run")
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="where the PNG and JSON go")
+    parser.add_argument("--match-push", action="store_true",
+                        help="rescale every rule's step advantages to uniform's total push per group")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -434,7 +452,7 @@ def run(args: argparse.Namespace) -> int:
     if args.seeds < 1 or args.budget < 1:
         print("--seeds and --budget must be >= 1", file=sys.stderr)
         return 2
-    cfg = SimConfig(max_episodes=args.budget)
+    cfg = SimConfig(max_episodes=args.budget, match_push=args.match_push)
     run_benchmark(args.p, args.seeds, rules, cfg, args.out, qs=args.q)
     return 0
 
