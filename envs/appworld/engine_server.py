@@ -1,0 +1,206 @@
+"""The AppWorld environment server. Runs INSIDE the isolated runtime, never imported by draco-gym.
+
+Started by ``server.py`` as ``<runtime python> engine_server.py --port-file F ...``. It holds
+one AppWorld world at a time and serves a tiny JSON-over-HTTP protocol on 127.0.0.1:
+
+    GET  /health                       -> {"ok": true, "pid": ..., "task_id": ...}
+    POST /reset    {"task_id", "timeout_s"} -> {"task": {...}}   (closes the previous world)
+    POST /execute  {"code"}            -> {"output", "submitted"}
+    POST /evaluate {}                  -> {"success", "passed", "total", "failures", ...}
+    POST /shutdown {}                  -> {"ok": true}, then the process exits
+
+Why not the package's own ``appworld serve environment``: it binds 0.0.0.0 with no host
+option, and FastAPI runs handlers off the main thread, where AppWorld's SIGALRM timeout
+cannot fire. Here the standard library's single-threaded server keeps every execution on the
+main thread, one request at a time (a world freezes the process clock and is
+one-per-process anyway), with keep-alive so a step costs one localhost round trip.
+
+Defences on top of AppWorld's own safety guard and timeout: an address-space limit so a
+memory bomb raises MemoryError instead of taking the machine, a cap on the output returned,
+and a watchdog that exits when the parent process disappears (no orphans, even after
+SIGKILL of the parent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import threading
+import time
+import traceback
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+
+def _clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    keep = limit // 2
+    return text[:keep] + f"\n[... {len(text) - 2 * keep} characters cut by the server ...]\n" + text[-keep:]
+
+
+class Engine:
+    """The one live world of this process and the operations the protocol exposes."""
+
+    def __init__(self, experiment_name: str, max_output_chars: int) -> None:
+        from appworld import AppWorld  # imported here: this process only exists to run it
+
+        self._AppWorld = AppWorld
+        self.experiment_name = experiment_name
+        self.max_output_chars = max_output_chars
+        self.world = None
+        self.task_id: str | None = None
+
+    def reset(self, task_id: str, timeout_s: int) -> dict:
+        self.close()
+        tasks_dir = os.path.join(os.environ["APPWORLD_ROOT"], "data", "tasks")
+        if not os.path.isdir(os.path.join(tasks_dir, task_id)) or "/" in task_id or task_id.startswith("."):
+            raise KeyError(f"unknown AppWorld task id {task_id!r} (no folder under {tasks_dir})")
+        self.world = self._AppWorld(
+            task_id=task_id, experiment_name=self.experiment_name, timeout_seconds=max(1, int(timeout_s))
+        )
+        self.task_id = task_id
+        task = self.world.task
+        supervisor = task.supervisor
+        return {
+            "task": {
+                "task_id": task_id,
+                "instruction": task.instruction,
+                "supervisor": {k: supervisor[k] for k in ("first_name", "last_name", "email", "phone_number")},
+                "datetime": str(task.datetime),
+                "allowed_apps": list(task.allowed_apps),
+            }
+        }
+
+    def execute(self, code: str) -> dict:
+        world = self._require_world()
+        output = world.execute(code)
+        return {"output": _clip(output, self.max_output_chars), "submitted": bool(world.task_completed())}
+
+    def evaluate(self) -> dict:
+        world = self._require_world()
+        tracker = world.evaluate(suppress_errors=True)
+        details = tracker.to_dict(stats_only=False)
+        return {
+            "success": bool(tracker.success),
+            "passed": int(tracker.pass_count),
+            "total": int(tracker.num_tests),
+            "failures": [_requirement(f) for f in details.get("failures", [])],
+            "passes": [_requirement(p) for p in details.get("passes", [])],
+        }
+
+    def close(self) -> None:
+        if self.world is not None:
+            try:
+                self.world.close()
+            finally:
+                self.world, self.task_id = None, None
+
+    def _require_world(self):
+        if self.world is None:
+            raise RuntimeError("no task loaded on this server; call /reset first")
+        return self.world
+
+
+def _requirement(entry) -> str:
+    if isinstance(entry, dict):
+        text = entry.get("requirement", "")
+        trace = entry.get("trace") or ""
+        return f"{text} -- {trace.strip().splitlines()[-1]}" if trace.strip() else text
+    return str(entry)
+
+
+def make_handler(engine: Engine):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: one TCP connection per client
+
+        def log_message(self, format, *args):  # noqa: A002 - silence per-request logging
+            pass
+
+        def do_GET(self):
+            if self.path == "/health":
+                self._reply(200, {"ok": True, "pid": os.getpid(), "task_id": engine.task_id})
+            else:
+                self._reply(404, {"error": f"no such endpoint: GET {self.path}"})
+
+        def do_POST(self):
+            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                body = json.loads(self.rfile.read(length) or b"{}")
+            except ValueError as exc:
+                self._reply(400, {"error": f"request body is not JSON: {exc}"})
+                return
+            try:
+                if self.path == "/reset":
+                    result = engine.reset(str(body["task_id"]), int(body.get("timeout_s", 60)))
+                elif self.path == "/execute":
+                    result = engine.execute(str(body["code"]))
+                elif self.path == "/evaluate":
+                    result = engine.evaluate()
+                elif self.path == "/shutdown":
+                    engine.close()
+                    self._reply(200, {"ok": True})
+                    threading.Thread(target=self.server.shutdown, daemon=True).start()
+                    return
+                else:
+                    self._reply(404, {"error": f"no such endpoint: POST {self.path}"})
+                    return
+            except KeyError as exc:
+                self._reply(404, {"error": str(exc.args[0]) if exc.args else repr(exc)})
+                return
+            except BaseException as exc:  # noqa: BLE001 - the server must answer, not die
+                self._reply(500, {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5)})
+                return
+            self._reply(200, result)
+
+        def _reply(self, status: int, payload: dict) -> None:
+            data = json.dumps(payload, default=str).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    return Handler
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit as soon as the process that started us is gone (we got re-parented)."""
+    while True:
+        if os.getppid() != parent_pid:
+            os._exit(0)
+        time.sleep(0.5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port-file", required=True)
+    parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--experiment", default="draco_gym")
+    parser.add_argument("--memory-limit-mb", type=int, default=4096)
+    parser.add_argument("--max-output-chars", type=int, default=200_000)
+    args = parser.parse_args()
+
+    threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()
+    if args.memory_limit_mb > 0:
+        limit = args.memory_limit_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    engine = Engine(args.experiment, args.max_output_chars)  # pays the appworld import now
+    server = HTTPServer(("127.0.0.1", 0), make_handler(engine))
+    port = server.server_address[1]
+    tmp = args.port_file + ".tmp"
+    with open(tmp, "w") as handle:
+        handle.write(str(port))
+    os.replace(tmp, args.port_file)  # atomic: the parent never reads a half-written port
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        engine.close()
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

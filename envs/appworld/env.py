@@ -1,0 +1,243 @@
+"""``draco_gym/AppWorld-v0``: AppWorld on the real engine, one code block per step.
+
+The environment is a thin client: the world lives in an engine server process (see
+``server.py``) borrowed from a pool at the first reset and kept across episodes, so only
+the first episode of a process pays the server's start-up. Every code block that ran is
+remembered; that log is what makes the two recoveries possible:
+
+- the server dies (killed, out of memory, stuck past the step timeout): a fresh server
+  loads the task and replays the log, and the episode continues from the same state. The
+  block that was running when it died is reported as failed and not replayed. If the
+  replay fails too, the episode ends with termination ``env_error``; it never hangs.
+- ``restore`` (ProVer): replaying messages into a fresh episode rebuilds the state, since
+  the engine is deterministic (frozen clock, fixed random seed), hence ``can_restore``.
+
+The engine's own evaluation (tests passed, total, success) arrives in ``info["metrics"]``
+at the episode's end. It is for analysis and for the outcome-reward baseline; the
+Gymnasium reward stays 0, as in every draco-gym environment.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from draco_gym.codeblock import DEFAULT_LANGUAGES, MultiBlockPolicy
+from draco_gym.envs.appworld.runtime import AppWorldRuntime, print_progress
+from draco_gym.envs.appworld.server import EnvServer, RemoteError, ServerDied, ServerError, ServerPool
+from draco_gym.envs.appworld.suite import TaskSource, resolve_source
+from draco_gym.envs.base import CodeStepEnv, EndRule, Execution
+from draco_gym.types import Task
+
+PROMPT = """\
+You are an autonomous agent working for {first_name} {last_name} (email {email}, phone {phone_number}) \
+on their phone, in a world of apps ({apps}). You act by writing Python code; each message you send \
+may hold one code block, which runs in a persistent Python session, and you see what it prints.
+
+How to work:
+- Every app is reached through `apis.<app_name>.<api_name>(...)`. Discover them as you go: \
+`apis.api_docs.show_app_descriptions()` lists the apps, `apis.api_docs.show_api_descriptions(app_name="...")` \
+lists an app's APIs and `apis.api_docs.show_api_doc(app_name="...", api_name="...")` gives one API's \
+parameters and response. Do not guess API names or parameters; look them up.
+- Most apps need a login. {first_name}'s account passwords come from \
+`apis.supervisor.show_account_passwords()` and their profile from `apis.supervisor.show_profile()`.
+- Lists come in pages: keep calling with increasing `page_index` until a page comes back empty.
+- Print what you need to see; only printed output comes back. Keep each block short and check \
+results before acting on them. Never make changes the task did not ask for.
+- When the task is done, call `apis.supervisor.complete_task()`; if the task asks a question, pass \
+the answer: `apis.supervisor.complete_task(answer=...)` (just the value, no sentence).
+- Write code as one block per message, fenced like this:
+```python
+print(apis.api_docs.show_app_descriptions())
+```
+{ending}
+
+Today is {date}.
+Task: {instruction}"""
+
+ENDINGS = {
+    "no_code": "After calling complete_task, reply with a short message and no code block: that ends the episode.",
+    "task_completed": "The episode ends as soon as complete_task has been called.",
+}
+
+
+class AppWorldEnv(CodeStepEnv):
+    """AppWorld as a Gymnasium environment (see the module docstring).
+
+    ``split`` and ``task_id`` choose the task at reset (``options={"task_id": ...}``
+    overrides both; without either, a task of the split is drawn with the reset seed).
+    ``data_root`` points at a real AppWorld data folder; without it (and without
+    ``$DRACO_GYM_APPWORLD_DATA``) the offline suite of ``suite_seed`` is used, built on
+    first use. ``step_timeout_s`` bounds one code block inside the engine; the server gets
+    ``grace_s`` more before it is declared stuck and replaced.
+    """
+
+    can_restore = True
+
+    def __init__(
+        self,
+        split: str = "train",
+        task_id: str | None = None,
+        *,
+        data_root: str | os.PathLike | None = None,
+        suite_seed: int = 0,
+        runtime_home: str | os.PathLike | None = None,
+        pool: ServerPool | None = None,
+        step_timeout_s: int = 30,
+        grace_s: float = 20.0,
+        end_rule: EndRule = "no_code",
+        max_turns: int = 50,
+        max_observation_chars: int = 12_000,
+        multi_block: MultiBlockPolicy = "reject",
+        languages: tuple[str, ...] = DEFAULT_LANGUAGES,
+        render_mode: str | None = None,
+        show_progress: bool = True,
+    ) -> None:
+        super().__init__(end_rule=end_rule, max_turns=max_turns, max_observation_chars=max_observation_chars,
+                         multi_block=multi_block, languages=languages, render_mode=render_mode)
+        if not isinstance(step_timeout_s, int) or step_timeout_s < 1:
+            raise ValueError(f"step_timeout_s must be a positive integer (seconds), got {step_timeout_s!r}")
+        self.runtime = AppWorldRuntime(runtime_home)
+        progress = print_progress if show_progress else None
+        self.source: TaskSource = resolve_source(data_root, self.runtime, seed=suite_seed, progress=progress)
+        self.runtime.ensure(progress)  # a real data folder still needs the engine
+        self.split = split
+        self.task_ids: list[str] = self.source.task_ids(split)
+        if task_id is not None:
+            self._check_task_id(task_id)
+        self.default_task_id = task_id
+        self.pool = pool or ServerPool.shared(self.runtime, self.source.data_dir)
+        self.step_timeout_s = step_timeout_s
+        self.grace_s = grace_s
+        self._server: EnvServer | None = None
+        self._executed: list[str] = []
+        self.recoveries = 0
+
+    # -- hooks ------------------------------------------------------------------------------
+
+    def _start(self, seed: int | None, options: dict[str, Any]) -> Task:
+        task_id = options.get("task_id") or self.default_task_id
+        if task_id is None:
+            task_id = str(self.np_random.choice(self.task_ids))
+        self._check_task_id(task_id)
+        self._executed = []
+        info = self._load(task_id)
+        task = info["task"]
+        metadata = self.source.metadata(task_id)
+        supervisor = task["supervisor"]
+        prompt = PROMPT.format(
+            **supervisor,
+            apps=", ".join(a for a in task["allowed_apps"] if a not in ("api_docs", "supervisor")),
+            ending=ENDINGS[self.end_rule],
+            date=task["datetime"].replace("T", " "),
+            instruction=task["instruction"],
+        )
+        return Task(
+            id=task_id,
+            instruction=task["instruction"],
+            agent_prompt=prompt,
+            metadata={
+                "split": self.split if task_id in self.task_ids else None,
+                "scenario": task_id.rsplit("_", 1)[0],
+                "difficulty": metadata.get("difficulty"),
+                "datetime": task["datetime"],
+                "supervisor": supervisor,
+            },
+        )
+
+    def _execute(self, code: str) -> Execution:
+        if self._server is None or not self._server.alive:
+            # died between steps (killed from outside): rebuild the state, then run the block
+            if not self._recover():
+                return self._fatal("the environment server died and the episode could not be restored")
+        try:
+            answer = self._server.request("POST", "/execute", {"code": code},
+                                          timeout_s=self.step_timeout_s + self.grace_s)
+        except ServerDied as exc:
+            if not self._recover():
+                return self._fatal(f"the environment server failed ({exc}) and the episode could not be restored")
+            return Execution(
+                output=(
+                    "Execution failed: the environment stopped while running this code "
+                    f"(it did not finish within {self.step_timeout_s} s, or it crashed the interpreter). "
+                    "The environment was restarted and your earlier code re-run, so the state is as it "
+                    "was before this block, which had no effect."
+                ),
+                error="server_died",
+            )
+        except RemoteError as exc:
+            return Execution(output=f"Execution failed: {exc}", error="remote_error")
+        self._executed.append(code)
+        output = answer["output"]
+        error = "execution_failed" if output.startswith("Execution failed") else None
+        return Execution(output=output, error=error, submitted=bool(answer.get("submitted")))
+
+    def _evaluate(self) -> dict[str, Any]:
+        if self._server is None or not self._server.alive:
+            if not self._recover():
+                raise ServerError("the environment server died before evaluation and could not be restored")
+        result = self._server.request("POST", "/evaluate", timeout_s=120)
+        metadata = self.task.metadata
+        return {
+            "task_id": self.task.id,
+            "success": result["success"],
+            "tests_passed": result["passed"],
+            "tests_total": result["total"],
+            "failed_requirements": result["failures"],
+            "difficulty": metadata.get("difficulty"),
+            "scenario": metadata.get("scenario"),
+            "server_recoveries": self.recoveries,
+        }
+
+    # -- servers ----------------------------------------------------------------------------
+
+    def _load(self, task_id: str) -> dict:
+        """Load ``task_id`` on our server (borrowing one first), retrying once on a dead server."""
+        for attempt in (1, 2):
+            if self._server is None:
+                self._server = self.pool.acquire()
+            elif not self._server.alive:
+                self._server.restart()
+            try:
+                return self._server.request("POST", "/reset", {"task_id": task_id, "timeout_s": self.step_timeout_s},
+                                            timeout_s=120)
+            except ServerDied:
+                if attempt == 2:
+                    raise
+                self._server.stop()
+        raise AssertionError("unreachable")
+
+    def _recover(self) -> bool:
+        """Fresh server, same task, every executed block again. False if that failed too."""
+        self.recoveries += 1
+        try:
+            if self._server is None:
+                self._server = self.pool.acquire()
+            self._server.restart()
+            self._load(self.task.id)
+            for code in self._executed:
+                self._server.request("POST", "/execute", {"code": code}, timeout_s=self.step_timeout_s + self.grace_s)
+            return True
+        except (ServerError, RemoteError):
+            return False
+
+    def _fatal(self, message: str) -> Execution:
+        return Execution(output=f"Environment error: {message}.", error="env_error", fatal=True)
+
+    def _check_task_id(self, task_id: Any) -> None:
+        if not isinstance(task_id, str) or not self.source.has_task(task_id):
+            import difflib
+
+            near = difflib.get_close_matches(str(task_id), self.task_ids, n=3)
+            hint = f"; did you mean {near}?" if near else ""
+            raise ValueError(
+                f"unknown AppWorld task id {task_id!r} in {self.source.data_dir} "
+                f"(split {self.split!r} has {len(self.task_ids)} tasks, e.g. {self.task_ids[:3]}){hint}"
+            )
+
+    def close(self) -> None:
+        """Return the server to the pool (it stays alive for the next environment)."""
+        server, self._server = self._server, None
+        if server is not None:
+            self.pool.release(server)
+        super().close()
