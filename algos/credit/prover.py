@@ -424,6 +424,7 @@ def _prover_rule(
     *,
     continue_fn: ContinueFn | None = None,
     judge: Any = None,
+    judge_options: dict | None = None,
     propose: Callable[[Trajectory, int], tuple[Segment | None, str]] | None = None,
     K: int = 8,
     lam: float = 1.0,
@@ -432,12 +433,17 @@ def _prover_rule(
     outcome_key: str = "success",
 ) -> CreditRule:
     """ProVer: ``continue_fn`` from the trainer (see the module docstring) and a ``judge``
-    (the reward layer's, wrapped in a ``JudgeSegmentProposer``) or a ready ``propose``."""
+    (a reward-layer ``Judge``, or its registered name with ``judge_options``, as a YAML config
+    gives it) wrapped in a ``JudgeSegmentProposer``, or a ready ``propose``."""
     if continue_fn is None:
         raise ValueError("prover needs continue_fn=(task_id, prefix_messages, k) -> outcomes, "
                          "continuations of the current policy (the trainer's env runner provides it)")
     if propose is None:
         if judge is None:
             raise ValueError("prover needs judge= (proposes the pivotal segment) or propose=")
+        if isinstance(judge, str):
+            from draco_gym.reward import build_judge
+
+            judge = build_judge(judge, **(judge_options or {}))
         propose = JudgeSegmentProposer(judge, max_repairs=max_repairs)
     return ProVerRule(continue_fn, propose, K=K, lam=lam, max_segment_len=max_segment_len, outcome_key=outcome_key)

@@ -1,0 +1,69 @@
+"""Every credit rule by name: the registry, the trainer's config selecting it, and the import
+promise (``import draco_gym.algos.credit`` loads no torch)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from draco_gym.algos.credit import CREDIT_RULES, get_credit_rule, group_advantages
+from draco_gym.algos.credit.prover import Segment
+from draco_gym.types import GroupScore, Step, Task, Trajectory, TrajectoryScore, Verdict
+
+
+def _group():
+    trajs, scores = [], []
+    for i, success in enumerate([True, False, False]):
+        steps = [Step(index=j, text=f"```python\nx = {j}\n```", code=f"x = {j}", observation=str(j), n_tokens=4,
+                      info={"exec_error": None}) for j in (1, 2, 3)]
+        trajs.append(Trajectory(task=Task(id="t", instruction="?", metadata={"answer": "3"}), steps=steps,
+                                metrics={"success": success}))
+        scores.append(TrajectoryScore.from_verdicts([Verdict(criterion="c", score=1 if success else -1, cited_steps=[2])]))
+    return trajs, GroupScore(scores=scores)
+
+
+OPTIONS = {
+    "uniform": {},
+    "draco": {},
+    "trca": {"context_key": "index", "lam": 0.8, "gamma": 0.95},
+    "trace": {"scorer": lambda traj: [-2.0, -1.5, -1.0, -0.5], "K": 3, "gamma": 0.8},
+    "prover": {"continue_fn": lambda task_id, prefix, k: [float(len(prefix) >= 2)] * k,
+               "propose": lambda traj, max_len: (Segment(2, 2), "ok"), "K": 2},
+}
+
+
+def test_every_rule_is_registered():
+    assert CREDIT_RULES.names() == sorted(OPTIONS)
+
+
+@pytest.mark.parametrize("name", sorted(OPTIONS))
+def test_each_rule_runs_on_a_group(name):
+    trajs, group = _group()
+    adv = group_advantages(group.rewards)
+    out = get_credit_rule(name, **OPTIONS[name])(trajs, group, adv)
+    assert [len(a) for a in out] == [3, 3, 3]
+    if name == "prover":  # Delta = 1 - 0 on step 2 of the only success
+        assert out[0] == pytest.approx([adv[0], adv[0] + 1.0, adv[0]])
+
+
+@pytest.mark.parametrize("name", sorted(OPTIONS))
+def test_trainer_config_selects_each_rule(name):
+    grpo = pytest.importorskip("draco_gym.algos.grpo")
+    config = grpo.GRPOConfig().training(credit=name, credit_options=OPTIONS[name])
+    assert config.credit == name
+    trajs, group = _group()
+    rule = get_credit_rule(config.credit, **config.credit_options)
+    assert len(rule(trajs, group, group_advantages(group.rewards))) == 3
+
+
+def test_unknown_rule_names_the_known_ones():
+    with pytest.raises(KeyError, match="known: .*'prover'.*'trace'.*'trca'"):
+        get_credit_rule("tcra")
+
+
+def test_import_loads_no_torch():
+    probe = ("import sys, draco_gym.algos.credit as c; assert 'trca' in c.CREDIT_RULES; "
+             "heavy = [m for m in ('torch', 'transformers', 'ray') if m in sys.modules]; "
+             "sys.exit(str(heavy) if heavy else 0)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
