@@ -8,7 +8,7 @@ import pytest
 from draco_gym.algos.credit.quality import (
     RULES,
     SimConfig,
-    Task,
+    SyntheticTask,
     attribution_precision,
     group_credit,
     judge_group,
@@ -24,7 +24,7 @@ from draco_gym.cli import main as cli_main
 @pytest.fixture
 def task():
     cfg = SimConfig(n_steps=6, n_pivots=1, n_hazards=1)
-    t = Task(cfg, np.random.default_rng(0))
+    t = SyntheticTask(cfg, np.random.default_rng(0))
     # pin the layout for hand computation: pivot at step index 1 (right action 0),
     # hazard at step index 3 (harmful action 2)
     t.pos, t.is_pivot, t.key_action = np.array([1, 3]), np.array([True, False]), np.array([0, 2])
@@ -71,7 +71,7 @@ def test_reference_knows_a_dead_end(task):
 @pytest.mark.parametrize("rule", RULES)
 def test_every_rule_gives_finite_step_advantages(rule):
     cfg = SimConfig()
-    t = Task(cfg, np.random.default_rng(3))
+    t = SyntheticTask(cfg, np.random.default_rng(3))
     rng = np.random.default_rng(4)
     probs = softmax(np.random.default_rng(5).normal(size=(cfg.n_steps, cfg.n_actions)))
     for _ in range(5):

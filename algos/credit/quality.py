@@ -1,7 +1,8 @@
 """Credit-quality benchmark: which credit rule pushes the steps that matter, and what it buys.
 
 Run it with ``draco-gym bench credit`` (or ``python bench/credit_quality.py``). Pure numpy and
-the library's own credit functions; a few minutes on one CPU core.
+the library's own credit functions (draco_credit, trace_credit, trca_credit, ProVer's
+eligibility, segment validation and bonus); under two minutes on one CPU core.
 
 The synthetic task (one per seed) is a T-step episode (T = 16) with A = 3 actions per step.
 A few steps are decisions whose outcome is known: at each of 3 *pivots* one action is right
@@ -35,6 +36,10 @@ Reported per rule and p:
               down on one handled badly), averaged over trajectories and over training
   episodes    episodes until the exact success probability of the policy reaches 90%
               (censored at the budget; the count of seeds that got there is shown)
+  push        the mean token-weighted |a_j| against uniform's. One learning rate serves all
+              rules, so a rule that adds to A_i (TRACE, ProVer, TRCA) also takes larger steps;
+              ``--match-push`` rescales every group to uniform's total push to separate where
+              a rule pushes from how hard (DRACO conserves it by construction).
 """
 
 from __future__ import annotations
@@ -91,7 +96,7 @@ class SimConfig:
             raise ValueError("n_actions and group_size must be >= 2")
 
 
-class Task:
+class SyntheticTask:
     """Decision positions (0-based steps) and what handles each well."""
 
     def __init__(self, cfg: SimConfig, rng: np.random.Generator) -> None:
@@ -135,7 +140,7 @@ def softmax(theta: np.ndarray) -> np.ndarray:
 # -- one group: the judge, then each rule ---------------------------------------------------
 
 
-def judge_group(task: Task, good: np.ndarray, cfg: SimConfig, rng: np.random.Generator):
+def judge_group(task: SyntheticTask, good: np.ndarray, cfg: SimConfig, rng: np.random.Generator):
     """Rewards R_i and per-step (passes, fails) counts of the surviving verdicts."""
     n, d = good.shape
     verdict_pass = good | (rng.random((n, d)) < cfg.q)  # leniency: some FAILs become PASSes
@@ -156,7 +161,7 @@ def judge_group(task: Task, good: np.ndarray, cfg: SimConfig, rng: np.random.Gen
     return rewards, passes, fails
 
 
-def reference_logprobs(task: Task, good: np.ndarray, cfg: SimConfig, rng: np.random.Generator) -> np.ndarray:
+def reference_logprobs(task: SyntheticTask, good: np.ndarray, cfg: SimConfig, rng: np.random.Generator) -> np.ndarray:
     """(N, T+1) l_k: the frozen initial policy's log-probability of success after k steps."""
     n = good.shape[0]
     out = np.empty((n, cfg.n_steps + 1))
@@ -178,7 +183,7 @@ def trca_families(cfg: SimConfig) -> tuple[RuleFamily, ...]:
     )
 
 
-def rule_hits(task: Task, good: np.ndarray, cfg: SimConfig, rng: np.random.Generator) -> list[list[dict]]:
+def rule_hits(task: SyntheticTask, good: np.ndarray, cfg: SimConfig, rng: np.random.Generator) -> list[list[dict]]:
     n = good.shape[0]
     hits = [[{} for _ in range(cfg.n_steps)] for _ in range(n)]
     u = rng.random((n, cfg.n_steps, 3))
@@ -200,7 +205,7 @@ def rule_hits(task: Task, good: np.ndarray, cfg: SimConfig, rng: np.random.Gener
     return hits
 
 
-def group_credit(rule: str, task: Task, probs: np.ndarray, actions: np.ndarray, tokens: np.ndarray,
+def group_credit(rule: str, task: SyntheticTask, probs: np.ndarray, actions: np.ndarray, tokens: np.ndarray,
                  cfg: SimConfig, rng: np.random.Generator) -> tuple[np.ndarray, int, np.ndarray]:
     """(N, T) step advantages of one group under ``rule``, the extra episodes it ran, and
     the group advantages A_i."""
@@ -239,7 +244,7 @@ def group_credit(rule: str, task: Task, probs: np.ndarray, actions: np.ndarray, 
     return out, extra, np.asarray(adv)
 
 
-def attribution_precision(task: Task, actions: np.ndarray, tokens: np.ndarray, step_adv: np.ndarray) -> list[float]:
+def attribution_precision(task: SyntheticTask, actions: np.ndarray, tokens: np.ndarray, step_adv: np.ndarray) -> list[float]:
     """Per trajectory with any push: share of sum_j n_j |a_j| pushed the right way on a
     decision step."""
     good = task.good(actions)
@@ -279,7 +284,7 @@ class RunResult:
 
 
 def train(rule: str, cfg: SimConfig, seed: int) -> RunResult:
-    task = Task(cfg, np.random.default_rng([seed, 0]))
+    task = SyntheticTask(cfg, np.random.default_rng([seed, 0]))
     rng = np.random.default_rng([seed, 1, RULES.index(rule)])
     theta = np.zeros((cfg.n_steps, cfg.n_actions))
     eye = np.eye(cfg.n_actions)
