@@ -275,3 +275,20 @@ def test_env_runner_continuations_plumbing():
             return [func(Runner())]
 
     assert env_runner_continuations(Group())("t", ["a", "b"], 3) == [1.0, 0.0, 1.0]
+
+
+def test_failed_restarts_and_one_step_successes_cost_the_bonus_not_the_run():
+    def broken(task_id, prefix, k):
+        raise RuntimeError("sandbox died")
+
+    rule = ProVerRule(broken, lambda t, m: (Segment(1, 1), "ok"))
+    group = [_traj(3, True), _traj(3, False), _traj(3, False)]
+    assert rule(group, GroupScore(), [1.0, -0.5, -0.5]) == [[1.0] * 3, [-0.5] * 3, [-0.5] * 3]
+    assert rule.stats["continuation_error"] == 1 and "sandbox died" in rule.last["error"]
+
+    def never(*args):
+        raise AssertionError("no judge call for a one-step success")
+
+    rule = ProVerRule(never, never)
+    assert rule([_traj(1, True), _traj(2, False), _traj(2, False)], GroupScore(), [1.0, 0.0, 0.0])[0] == [1.0]
+    assert rule.stats["too_short"] == 1

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import math
 import re
 import threading
@@ -54,6 +55,8 @@ __all__ = [
     "shortest_success",
     "validate_segment",
 ]
+
+log = logging.getLogger(__name__)
 
 ContinueFn = Callable[[str, list[str], int], Sequence[float]]
 
@@ -335,6 +338,9 @@ class ProVerRule:
             return base
         star = shortest_success(trajectories, successes)
         traj = trajectories[star]
+        if len(traj.steps) < 2:  # no non-terminal segment exists: do not ask the judge
+            self.stats["too_short"] += 1
+            return base
         segment, reason = self.propose(traj, self.max_segment_len)
         self.last = {"eligible": True, "trajectory": star, "proposal": reason}
         if segment is None:
@@ -342,8 +348,14 @@ class ProVerRule:
             return base
         # The messages that rebuild the state before step s and after step e.
         messages = [step.text for step in traj.steps]
-        pre = list(self.continue_fn(traj.task.id, messages[: segment.start - 1], self.K))
-        post = list(self.continue_fn(traj.task.id, messages[: segment.end], self.K))
+        try:
+            pre = list(self.continue_fn(traj.task.id, messages[: segment.start - 1], self.K))
+            post = list(self.continue_fn(traj.task.id, messages[: segment.end], self.K))
+        except Exception as exc:  # noqa: BLE001 - a failed restart costs this group its bonus, counted
+            self.stats["continuation_error"] += 1
+            self.last["error"] = f"{type(exc).__name__}: {exc}"
+            log.warning("ProVer continuations failed for task %s: %s", traj.task.id, self.last["error"])
+            return base
         delta = prover_delta(pre, post)
         self.stats["credited" if delta > 0 else "no_gain"] += 1
         self.last.update(segment=(segment.start, segment.end), delta=delta, pre=pre, post=post)
