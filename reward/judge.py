@@ -25,8 +25,10 @@ OpenAI client already retries 408/409/429/5xx and timeouts with backoff and hono
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
+import ssl
 import weakref
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -145,7 +147,11 @@ class OpenAIJudge:
         if client is None:
             key = self._api_key or os.environ.get(self.api_key_env) or "EMPTY"
             client = openai.AsyncOpenAI(
-                api_key=key, base_url=self.base_url, timeout=self.request_timeout_s, max_retries=self.max_retries
+                api_key=key,
+                base_url=self.base_url,
+                timeout=self.request_timeout_s,
+                max_retries=self.max_retries,
+                http_client=openai.DefaultAsyncHttpxClient(verify=_ssl_context()),
             )
             self._clients[loop] = client
         return client
@@ -208,6 +214,13 @@ class OpenAIJudge:
                 prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
                 completion_tokens=getattr(usage, "completion_tokens", 0) or 0,
             )
+
+
+@functools.lru_cache(maxsize=1)
+def _ssl_context() -> ssl.SSLContext:
+    """One verifying SSL context per process: building one reads the CA bundle (~0.1 s),
+    and the synchronous API opens a client per call."""
+    return ssl.create_default_context()
 
 
 def _short(exc: Exception) -> str:

@@ -1,0 +1,150 @@
+"""How fast and how robust the DRACO judge pipeline is, against a local OpenAI-protocol
+server with an injected latency L per call (the server from tests/judge_server.py).
+
+    python bench/judge_pipeline.py                 # L = 0.2 s, G = 6
+    python bench/judge_pipeline.py --latency 0.5 --groups 8
+
+Figures, printed side by side with their goals:
+  - group wall time / (dependent rounds x L), separate and fused modes, with the task's
+    proposal cold and cached (goal <= 1.2: stages that do not depend on each other overlap)
+  - several groups at once (a training step's tasks share the judge)
+  - calls and prompt tokens per group (token counts are the server's estimate, chars / 4)
+  - cache hit rate when the same groups are scored again from the disk cache (goal 100%)
+  - wall time and completion rate with 30% of calls faulted (429, 500, malformed JSON,
+    missing fields, steps out of range, PASS without citation)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from judge_server import JudgeServer, RuleJudge  # noqa: E402
+
+from draco_gym.reward import DynamicRubricReward, OpenAIJudge  # noqa: E402
+from draco_gym.types import Step, Task, Trajectory  # noqa: E402
+
+CRITERIA = [
+    "Finds the cheapest flight option",
+    "Books exactly one ticket",
+    "Pays with the saved card",
+    "Reads every page of results",
+    "Confirms the booking details first",
+    "Logs in before searching",
+]
+ROUNDS = {("separate", False): 5, ("separate", True): 4, ("fused", False): 4, ("fused", True): 3}
+
+
+def make_group(task: Task, g: int, n_steps: int = 8) -> list[Trajectory]:
+    out = []
+    for i in range(g):
+        steps = [
+            Step(index=j, text=f"rollout-{i} step {j}\n```python\nprint(search(page={j}))\n```", code=f"print(search(page={j}))",
+                 observation=f"results page {j}: " + "flight, price, seat; " * 40, n_tokens=50)
+            for j in range(1, n_steps + 1)
+        ]
+        out.append(Trajectory(task=task, steps=steps, termination="no_code"))
+    return out
+
+
+def passes(title: str, text: str) -> bool:
+    """Rollout i passes criterion k when (i + k) % 3 != 0, except the last criterion,
+    which everyone passes (discriminative dropout removes it)."""
+    k = CRITERIA.index(title)
+    if k == len(CRITERIA) - 1:
+        return True
+    i = int(text.split("rollout-", 1)[1].split()[0])
+    return (i + k) % 3 != 0
+
+
+def reward_for(server: JudgeServer, mode: str, **options) -> DynamicRubricReward:
+    judge = OpenAIJudge("bench-judge", base_url=server.base_url, api_key="sk-bench", max_retries=4)
+    return DynamicRubricReward(judge, mode=mode, max_concurrency=64, **options)
+
+
+def timed(fn):
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--latency", type=float, default=0.2, help="seconds the server waits before each answer (L)")
+    parser.add_argument("--group-size", type=int, default=6, help="rollouts per group (G)")
+    parser.add_argument("--groups", type=int, default=4, help="groups scored at once / in the fault run")
+    parser.add_argument("--fault-rate", type=float, default=0.3)
+    args = parser.parse_args(argv)
+    L, G = args.latency, args.group_size
+    rows: list[tuple[str, str, str]] = []
+
+    with JudgeServer(RuleJudge(CRITERIA, passes), latency_s=L) as server:
+        # warm up the client libraries once (imports, SSL context), outside the timings
+        warm_task = Task(id="warmup", instruction="warm up")
+        reward_for(server, "fused").score_group(warm_task, make_group(warm_task, 2))
+
+        for mode in ("separate", "fused"):
+            task = Task(id=f"bench-{mode}", instruction="Book the cheapest flight from Oslo to Rome and pay with the saved card.")
+            trajs = make_group(task, G)
+            reward = reward_for(server, mode)
+            cold, cold_s = timed(lambda: reward.score_group(task, trajs))
+            warm, warm_s = timed(lambda: reward.score_group(task, trajs))
+            assert not cold.fallbacks and not warm.fallbacks, (cold.fallbacks, warm.fallbacks)
+            usage = cold.total_usage
+            rounds_cold, rounds_warm = ROUNDS[(mode, False)], ROUNDS[(mode, True)]
+            rows += [
+                (f"{mode}: group wall time, proposal cold", f"{cold_s:.3f} s = {cold_s / (rounds_cold * L):.2f} x ({rounds_cold} rounds x L)", "<= 1.2"),
+                (f"{mode}: group wall time, proposal cached", f"{warm_s:.3f} s = {warm_s / (rounds_warm * L):.2f} x ({rounds_warm} rounds x L)", "<= 1.2"),
+                (f"{mode}: calls per group (cold)", f"{usage.calls} (G={G}: {'3G+2' if mode == 'separate' else '2G+2'} = {(3 if mode == 'separate' else 2) * G + 2})", ""),
+                (f"{mode}: prompt / completion tokens per group", f"{usage.prompt_tokens} / {usage.completion_tokens}", ""),
+                (f"{mode}: criteria kept / dropped, rewards", f"{len(cold.criteria)} / {len(cold.dropped)}, {[round(r, 2) for r in cold.rewards]}", ""),
+            ]
+            many_tasks = [Task(id=f"bench-{mode}-{k}", instruction=f"Task {k}: book a flight.") for k in range(args.groups)]
+            _, many_s = timed(lambda: reward.score_groups([(t, make_group(t, G)) for t in many_tasks]))
+            rows.append((f"{mode}: {args.groups} groups at once", f"{many_s:.3f} s = {many_s / (rounds_cold * L):.2f} x ({rounds_cold} rounds x L)", "<= 1.2"))
+
+        # disk cache: a second pass over the same groups pays for nothing
+        with tempfile.TemporaryDirectory() as cache:
+            tasks = [Task(id=f"cache-{k}", instruction=f"Task {k}") for k in range(args.groups)]
+            groups = [(t, make_group(t, G)) for t in tasks]
+            first, first_s = timed(lambda: reward_for(server, "separate", cache_dir=cache).score_groups(groups))
+            again, again_s = timed(lambda: reward_for(server, "separate", cache_dir=cache).score_groups(groups))
+            hits = sum(g.total_usage.cache_hits for g in again)
+            paid = sum(g.total_usage.calls for g in again)
+            same = [g.rewards for g in first] == [g.rewards for g in again]
+            rows.append(("cache hit rate, second pass", f"{hits}/{hits + paid} = {hits / max(hits + paid, 1):.0%} ({again_s:.3f} s vs {first_s:.3f} s, same rewards: {same})", "100%"))
+
+    # faults: 30% of calls answered with a random fault
+    with JudgeServer(RuleJudge(CRITERIA, passes), latency_s=L, fault_rate=args.fault_rate, seed=1, retry_after_s=L) as server:
+        reward = reward_for(server, "separate", retry_wait_s=L)
+        walls, complete, fallbacks = [], 0, 0
+        for k in range(args.groups):
+            task = Task(id=f"fault-{k}", instruction=f"Task {k}: book a flight.")
+            result, wall = timed(lambda: reward.score_group(task, make_group(task, G)))
+            walls.append(wall)
+            complete += not result.fallbacks
+            fallbacks += len(result.fallbacks)
+        faulted = sum(r.fault is not None for r in server.requests)
+        rows += [
+            (f"{args.fault_rate:.0%} faults: calls faulted", f"{faulted}/{len(server.requests)} = {faulted / max(len(server.requests), 1):.0%}", ""),
+            (f"{args.fault_rate:.0%} faults: group wall time (mean, max)", f"{statistics.mean(walls):.3f} s, {max(walls):.3f} s "
+             f"= {statistics.mean(walls) / (5 * L):.2f} x (5 rounds x L)", ""),
+            (f"{args.fault_rate:.0%} faults: groups scored with no fallback", f"{complete}/{args.groups} = {complete / args.groups:.0%} "
+             f"({fallbacks} explicit fallbacks in all)", ""),
+        ]
+
+    print(f"DRACO judge pipeline, G = {G}, injected latency L = {L} s per call")
+    width = max(len(r[0]) for r in rows)
+    for name, value, goal in rows:
+        print(f"  {name:<{width}}  {value}" + (f"   [goal {goal}]" if goal else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
