@@ -15,6 +15,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("draco_gym.demo", "score a group of scripted PythonTools episodes with the rule rubric and print their step credit"),
     "bench": ("draco_gym.algos.credit.quality", "benchmarks: `bench credit` compares the credit rules on synthetic tasks"),
+    "setup": ("draco_gym.envs.appworld.setup_cli", "create an isolated runtime now (`setup appworld`: the AppWorld engine and its offline task suite)"),
 }
 
 

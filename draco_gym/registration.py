@@ -19,6 +19,7 @@ NAMESPACE = "draco_gym"
 ENVIRONMENTS: dict[str, str] = {
     "PythonTools-v0": "draco_gym.envs.python_tools:PythonToolsEnv",
     "TauBench-v0": "draco_gym.envs.tau.env:TauBenchEnv",
+    "AppWorld-v0": "draco_gym.envs.appworld.env:AppWorldEnv",
 }
 
 

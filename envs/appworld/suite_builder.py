@@ -334,11 +334,13 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
     for first, (relationship, _) in SHARED_FIRST_NAMES.items():
         person = next(p for p in people if p.first_name == first and relationship in p.relationships)
         pick = f'match = [c for c in contacts if c["first_name"] == "{first}"][0]\nprint(match)'
+        # the wrong one finds the namesake: same first name, not the asked-for relationship
+        confuse = f'match = [c for c in contacts if c["first_name"] == "{first}" and "{relationship}" not in c["relationships"]][0]\nprint(match)'
         variants.append(TaskSpec(
             f"What is the phone number of my {relationship} {first}?", person.phone_number, {},
             [LOGIN + "\n" + login("phone"), contacts_code(relationship) + "\n" + pick, complete('match["phone_number"]')],
             [LOGIN + "\n" + login("phone"),
-             paged("contacts", f'apis.phone.search_contacts(access_token=phone_token, query="{first}")') + "\n" + pick,
+             paged("contacts", f'apis.phone.search_contacts(access_token=phone_token, query="{first}")') + "\n" + confuse,
              complete('match["phone_number"]')],
             QUESTION_REQS[0],
         ))
@@ -465,16 +467,16 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
         person = next(p for p in people if p.first_name == first and relationship in p.relationships)
         amount = round(rng.uniform(15, 80), 2)
         description = rng.choice(["concert tickets", "dinner last week", "cabin deposit"])
-        pay = dedent(f"""
-            match = [c for c in contacts if c["first_name"] == "{first}"][0]
-            print(apis.venmo.create_transaction(access_token=venmo_token, receiver_email=match["email"], amount={amount}, description="{description}"))
-        """).strip()
+        send = f'print(apis.venmo.create_transaction(access_token=venmo_token, receiver_email=match["email"], amount={amount}, description="{description}"))'
+        pay = f'match = [c for c in contacts if c["first_name"] == "{first}"][0]\n' + send
+        namesake = (f'match = [c for c in contacts if c["first_name"] == "{first}" and "{relationship}" not in c["relationships"]][0]\n'
+                    + send)
         variants.append(TaskSpec(
             f"Send ${amount:.2f} on Venmo to my {relationship} {first}, with the note '{description}'.", None,
             {"email": person.email, "amount": amount, "description": description},
             [LOGIN + "\n" + login("phone") + "\n" + login("venmo"), contacts_code(relationship), pay, complete()],
             [LOGIN + "\n" + login("phone") + "\n" + login("venmo"),
-             paged("contacts", f'apis.phone.search_contacts(access_token=phone_token, query="{first}")'), pay, complete()],
+             paged("contacts", f'apis.phone.search_contacts(access_token=phone_token, query="{first}")'), namesake, complete()],
             reqs[0],
         ))
     scenarios.append(Scenario("venmo-pay-contact", "action", 2, ["phone", "venmo"], reqs, evaluation, variants))
