@@ -285,8 +285,21 @@ class GRPO(Algorithm):
                                                         kwargs=kwargs)
 
     def assign_credit(self, groups: list[dict]):
-        rule = get_credit_rule(self.config.credit, **self.config.credit_options)
+        rule = get_credit_rule(self.config.credit, **self.credit_options())
         return credit_groups(groups, rule)
+
+    def credit_options(self) -> dict:
+        """The configured credit options plus what only the trainer can supply: ProVer's
+        continuations run on an env runner with the current policy, and TRACE's frozen
+        reference defaults to the initial policy (the base model)."""
+        options = dict(self.config.credit_options)
+        if self.config.credit == "prover":
+            from draco_gym.algos.credit.prover import env_runner_continuations
+
+            options.setdefault("continue_fn", env_runner_continuations(self.env_runner_group))
+        elif self.config.credit == "trace":
+            options.setdefault("reference_model", self.config.model_path)
+        return options
 
     def _update_learner(self, rows, advantages) -> None:
         cfg = self.config

@@ -67,3 +67,21 @@ def test_import_loads_no_torch():
              "sys.exit(str(heavy) if heavy else 0)")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_trainer_supplies_what_only_it_has():
+    """GRPO fills ProVer's continuations (its env runners) and TRACE's reference (the base
+    model) unless the config gives them."""
+    from types import SimpleNamespace
+
+    grpo = pytest.importorskip("draco_gym.algos.grpo")
+
+    def algo(credit, options):
+        config = SimpleNamespace(credit=credit, credit_options=options, model_path="/models/base")
+        return SimpleNamespace(config=config, env_runner_group=object())
+
+    prover = grpo.GRPO.credit_options(algo("prover", {"judge": "openai", "K": 4}))
+    assert callable(prover["continue_fn"]) and prover["K"] == 4
+    assert grpo.GRPO.credit_options(algo("trace", {}))["reference_model"] == "/models/base"
+    assert grpo.GRPO.credit_options(algo("trace", {"reference_model": "/ref"}))["reference_model"] == "/ref"
+    assert grpo.GRPO.credit_options(algo("trca", {"lam": 0.5})) == {"lam": 0.5}
