@@ -224,6 +224,11 @@ class JudgeServer:
             def do_POST(self):
                 server._handle(self)
 
+            def do_GET(self):  # counts, for a server running in another process
+                if self.path.rstrip("/") != "/stats":
+                    return server._send(self, 404, server._error(f"no route {self.path}", "not_found"))
+                server._send(self, 200, server.stats())
+
         class Server(ThreadingHTTPServer):
             request_queue_size = 256  # the default 5 drops connections when many calls start at once
 
@@ -258,6 +263,14 @@ class JudgeServer:
 
     def calls(self, stage: str | None = None, status: int | None = 200) -> int:
         return sum((stage is None or r.stage == stage) and (status is None or r.status == status) for r in self.requests)
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {
+                "requests": len(self.requests),
+                "faulted": sum(r.fault is not None for r in self.requests),
+                "errors": list(self.errors),
+            }
 
     def reset_log(self) -> None:
         with self._lock:
@@ -361,3 +374,44 @@ class JudgeServer:
             "usage": {"prompt_tokens": prompt_chars // 4, "completion_tokens": len(text) // 4,
                       "total_tokens": prompt_chars // 4 + len(text) // 4},
         })
+
+
+class ServerProcess:
+    """A JudgeServer in a child process, so that serving (JSON parsing, the responder,
+    the injected sleeps) never competes with the client for the GIL: what a bench should
+    measure is the client. ``stats()`` fetches the server's counts over HTTP."""
+
+    def __init__(self, responder: Responder, **options: Any) -> None:
+        self.responder, self.options = responder, options
+        self._process = None
+        self.base_url = ""
+
+    @staticmethod
+    def _serve(responder, options, conn) -> None:
+        server = JudgeServer(responder, **options).start()
+        conn.send(server.base_url)
+        conn.recv()  # block until the parent says stop
+        server.stop()
+
+    def __enter__(self) -> ServerProcess:
+        import multiprocessing
+
+        context = multiprocessing.get_context("fork")
+        parent, child = context.Pipe()
+        self._conn = parent
+        self._process = context.Process(target=self._serve, args=(self.responder, self.options, child), daemon=True)
+        self._process.start()
+        self.base_url = parent.recv()
+        return self
+
+    def stats(self) -> dict:
+        import urllib.request
+
+        with urllib.request.urlopen(self.base_url.rsplit("/v1", 1)[0] + "/stats", timeout=10) as response:
+            return json.loads(response.read())
+
+    def __exit__(self, *exc) -> None:
+        self._conn.send("stop")
+        self._process.join(timeout=10)
+        if self._process.is_alive():
+            self._process.kill()
