@@ -86,7 +86,9 @@ class OpenAIJudge:
 
     ``structured_output="auto"`` asks for ``json_schema`` output and steps down to
     ``json_object``, then to plain text, the first time the server rejects the request
-    format with a 400; the step down is remembered for the judge's lifetime.
+    format with a 400. A 400 about ``max_tokens`` switches to ``max_completion_tokens``,
+    one about ``temperature`` stops sending it (OpenAI's reasoning models). Each
+    adaptation is logged and remembered for the judge's lifetime.
 
     The API key is read from ``api_key`` or the environment variable ``api_key_env`` and is
     never part of ``repr``, pickles or cache keys: a pickled judge re-reads the variable.
@@ -117,6 +119,8 @@ class OpenAIJudge:
         self.request_timeout_s = request_timeout_s
         self.max_retries = max_retries
         self.extra_body = dict(extra_body or {})
+        self._token_param = "max_tokens"
+        self._send_temperature = True
         self._clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
@@ -162,6 +166,29 @@ class OpenAIJudge:
         if client is not None:
             await client.close()
 
+    def _adapt_to(self, message: str, request: dict[str, Any]) -> bool:
+        """Adjust future requests to what a server rejected (a 400); True if the rejected
+        request would now be sent differently, so repeating it is worth it. Decided from
+        what *this* request carried, so concurrent calls rejected together all retry.
+        Servers differ: OpenAI's reasoning models want max_completion_tokens and no
+        temperature, some servers have no json_schema output."""
+        text = message.lower()
+        sent_format = (request.get("response_format") or {}).get("type", "none")
+        if "max_tokens" in text and "max_tokens" in request:
+            self._token_param = "max_completion_tokens"
+        elif "temperature" in text and "temperature" in request:
+            self._send_temperature = False
+        elif sent_format != "none" and any(word in text for word in ("response_format", "json_schema", "json_object", "schema")):
+            if self.structured_output != "auto":
+                return False
+            if self._format == sent_format and self._format in _DOWNGRADE:
+                self._format = _DOWNGRADE[self._format]
+        else:
+            return False
+        log.warning("judge %s rejected a request (%s); now sending %s, temperature=%s, format=%s",
+                    self.model, _short(Exception(message)), self._token_param, self._send_temperature, self._format)
+        return True
+
     def _response_format(self, schema: dict | None, schema_name: str) -> dict | None:
         if schema is None or self._format == "none":
             return None
@@ -181,13 +208,10 @@ class OpenAIJudge:
     ) -> JudgeReply:
         import openai
 
-        while True:
-            request: dict[str, Any] = {
-                "model": self.model,
-                "messages": messages,
-                "temperature": temperature,
-                "max_tokens": max_tokens,
-            }
+        for _ in range(4):  # at most one adaptation per kind of rejection, then the call
+            request: dict[str, Any] = {"model": self.model, "messages": messages, self._token_param: max_tokens}
+            if self._send_temperature:
+                request["temperature"] = temperature
             response_format = self._response_format(schema, schema_name)
             if response_format is not None:
                 request["response_format"] = response_format
@@ -195,25 +219,24 @@ class OpenAIJudge:
                 request["extra_body"] = self.extra_body
             try:
                 response = await self._client().chat.completions.create(**request)
+                break
             except openai.BadRequestError as exc:
-                if self.structured_output == "auto" and response_format is not None and self._format in _DOWNGRADE:
-                    log.warning("judge %s rejected response_format=%s (%s); falling back to %s",
-                                self.model, self._format, exc.status_code, _DOWNGRADE[self._format])
-                    self._format = _DOWNGRADE[self._format]
-                    continue
-                raise JudgeUnavailable(f"judge rejected the request: {exc}") from None
+                if not self._adapt_to(str(exc), request):
+                    raise JudgeUnavailable(f"judge rejected the request: {_short(exc)}") from None
             except (openai.APIStatusError, openai.APIConnectionError) as exc:
                 # APITimeoutError is an APIConnectionError; the client has already retried.
                 raise JudgeUnavailable(f"{type(exc).__name__}: {_short(exc)}") from None
-            if not response.choices:
-                raise JudgeUnavailable("judge returned no choices")
-            text = response.choices[0].message.content or ""
-            usage = response.usage
-            return JudgeReply(
-                text=text,
-                prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
-                completion_tokens=getattr(usage, "completion_tokens", 0) or 0,
-            )
+        else:
+            raise JudgeUnavailable("judge kept rejecting the request format")
+        if not response.choices:
+            raise JudgeUnavailable("judge returned no choices")
+        text = response.choices[0].message.content or ""
+        usage = response.usage
+        return JudgeReply(
+            text=text,
+            prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
+            completion_tokens=getattr(usage, "completion_tokens", 0) or 0,
+        )
 
 
 @functools.lru_cache(maxsize=1)

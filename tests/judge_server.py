@@ -192,6 +192,7 @@ class JudgeServer:
         hang_s: float = 30.0,
         retry_after_s: float = 0.05,
         model: str = "test-judge",
+        reject_params: tuple[str, ...] = (),
     ) -> None:
         self.responder = responder
         self.latency_s = latency_s
@@ -200,6 +201,7 @@ class JudgeServer:
         self.random_faults = random_faults
         self.slow_s, self.hang_s, self.retry_after_s = slow_s, hang_s, retry_after_s
         self.model = model
+        self.reject_params = reject_params  # request fields answered with a 400, as OpenAI's reasoning models do
         self.requests: list[Recorded] = []
         self.errors: list[str] = []
         self._queue: list[dict] = []
@@ -323,6 +325,11 @@ class JudgeServer:
             self._record(None, None, 404)
             return self._send(handler, 404, self._error(f"no route {handler.path}", "not_found"))
 
+        for param in self.reject_params:
+            if param in body:
+                self._record(None, None, 400)
+                return self._send(handler, 400, self._error(
+                    f"Unsupported parameter: '{param}' is not supported with this model.", "invalid_request_error"))
         response_format = body.get("response_format") or {}
         schema, stage = None, None
         if response_format.get("type") == "json_schema":

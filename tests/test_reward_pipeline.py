@@ -182,3 +182,20 @@ def test_group_is_checked(bad):
 
 def test_markers_are_distinct():
     assert len(set(MARKERS)) == len(MARKERS)
+
+
+def test_judge_adapts_to_reasoning_model_parameters():
+    with JudgeServer(ScriptedJudge(script()), reject_params=("max_tokens", "temperature")) as server:
+        reward = make_reward(server)
+        result = reward.score_group(TASK, group())
+    assert_hand_computed(result)
+    judge = reward.client.judge
+    assert judge._token_param == "max_completion_tokens" and judge._send_temperature is False
+    assert server.calls(status=400) == 2  # one rejection per parameter, then remembered
+
+
+def test_unrelated_bad_request_is_not_mistaken_for_a_format_problem():
+    with JudgeServer(ScriptedJudge(script()), reject_params=("messages",)) as server:
+        result = make_reward(server, retries=0).score_group(TASK, group())
+    assert result.rewards == [0.0, 0.0, 0.0]
+    assert result.fallbacks[0].startswith("propose: judge unavailable") and result.fallbacks[-1].startswith("group: ")
