@@ -156,7 +156,7 @@ def _render_steps(traj: Trajectory, max_chars: int = 1500) -> str:
 
 
 def _parse_segment_json(text: str) -> tuple[Any, Any]:
-    match = re.search(r"\{.*\}", text, flags=re.S)
+    match = re.search(r"\{.*\}", text, flags=re.DOTALL)
     if match is None:
         raise ValueError("the answer holds no JSON object")
     try:
@@ -428,7 +428,8 @@ def env_runner_continuations(env_runner_group, *, outcome_key: str = "success", 
 
 # -- the registry entry --------------------------------------------------------------------
 
-from draco_gym.algos.credit import CREDIT_RULES, CreditRule  # noqa: E402 - registration needs the table
+# Imported here, not at the top: the package imports this module once CREDIT_RULES exists.
+from draco_gym.algos.credit import CREDIT_RULES, CreditRule  # noqa: E402
 
 
 @CREDIT_RULES.register("prover")

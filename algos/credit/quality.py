@@ -212,7 +212,7 @@ def group_credit(rule: str, task: SyntheticTask, probs: np.ndarray, actions: np.
     good = task.good(actions)
     rewards, passes, fails = judge_group(task, good, cfg, rng)
     adv = group_advantages(rewards.tolist())
-    n, T = actions.shape
+    T = actions.shape[1]
     extra = 0
     if rule == "uniform":
         out = np.repeat(np.asarray(adv)[:, None], T, axis=1)
@@ -381,7 +381,7 @@ def plot(rows: list[dict], rules: tuple[str, ...], path: Path, cfg: SimConfig) -
         ax_eps.axhline(cfg.max_episodes, color="grey", lw=0.8, ls=":")
         ax_prec.grid(alpha=0.3)
         ax_eps.grid(alpha=0.3)
-        ax_prec.legend(fontsize=8)
+        ax_eps.legend(fontsize=8, loc="upper left", ncol=len(rules))
     fig.suptitle(f"Credit quality: T = {cfg.n_steps} steps, {cfg.n_pivots} pivots + {cfg.n_hazards} hazards, "
                  f"G = {cfg.group_size}, mean ± std over seeds" + (", push matched to uniform" if cfg.match_push else ""))
     fig.tight_layout()

@@ -220,7 +220,8 @@ def _reference_scorer(model, tokenizer, answer_key: str, batch_size: int, max_le
 
 # -- the registry entry --------------------------------------------------------------------
 
-from draco_gym.algos.credit import CREDIT_RULES, CreditRule  # noqa: E402 - registration needs the table
+# Imported here, not at the top: the package imports this module once CREDIT_RULES exists.
+from draco_gym.algos.credit import CREDIT_RULES, CreditRule  # noqa: E402
 
 
 @CREDIT_RULES.register("trace")

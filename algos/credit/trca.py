@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from draco_gym.types import GroupScore, Step, Trajectory
 
 __all__ = [
-    "DEFAULT_FAMILIES",
     "CONTEXT_KEYS",
+    "DEFAULT_FAMILIES",
     "RuleFamily",
     "discounted_returns",
     "normalise_by_key",
@@ -239,7 +239,8 @@ def families_from_reward() -> tuple[RuleFamily, ...]:
 
 # -- the registry entry --------------------------------------------------------------------
 
-from draco_gym.algos.credit import CREDIT_RULES, CreditRule  # noqa: E402 - registration needs the table
+# Imported here, not at the top: the package imports this module once CREDIT_RULES exists.
+from draco_gym.algos.credit import CREDIT_RULES, CreditRule  # noqa: E402
 
 
 @CREDIT_RULES.register("trca")
