@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from draco_gym.reward.answers import normalize_title
 from draco_gym.reward.base import REWARDS, RubricReward, check_group, finalize_group, zero_group
 from draco_gym.reward.client import JudgeClient, UsageMeter, as_client
 from draco_gym.reward.judging import JudgingMode, TrajectoryJudging
@@ -109,7 +110,7 @@ class StaticRubricReward(RubricReward):
         self.criteria = [c if isinstance(c, Criterion) else Criterion(origin="static", **c) for c in (criteria or STATIC_CRITERIA)]
         if not self.criteria:
             raise ValueError("a static rubric needs at least one criterion")
-        titles = [c.title.lower() for c in self.criteria]
+        titles = [normalize_title(c.title) for c in self.criteria]
         if len(set(titles)) != len(titles):
             raise ValueError("static criteria titles must be unique")
         samples = score_samples if score_samples is not None else (3 if self_judge else 1)

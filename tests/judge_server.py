@@ -135,7 +135,8 @@ class RuleJudge:
         return {"criteria": rows}
 
     def __call__(self, request: JudgeRequest) -> dict:
-        stage, m = request.stage, max(request.n_steps, 1)
+        stage, m = request.stage, request.n_steps
+        cite = [m] if m else []  # a trajectory without steps has nothing to cite
         if stage == "propose":
             return self._rubric()
         if stage == "augment":
@@ -146,9 +147,9 @@ class RuleJudge:
         if stage == "score":
             return {"verdicts": [{"criterion": t, "score": 1 if ok else -1, "evidence": "seen", "justification": "rule"} for t, ok in verdicts]}
         if stage == "attribute":
-            return {"attributions": [{"criterion": t, "verdict": "PASS" if ok else "FAIL", "steps": [m], "reason": "rule"} for t, ok in verdicts]}
+            return {"attributions": [{"criterion": t, "verdict": "PASS" if ok else "FAIL", "steps": cite, "reason": "rule"} for t, ok in verdicts]}
         if stage == "score_attribute":
-            return {"verdicts": [{"criterion": t, "verdict": "PASS" if ok else "FAIL", "steps": [m], "evidence": "seen", "justification": "rule"} for t, ok in verdicts]}
+            return {"verdicts": [{"criterion": t, "verdict": "PASS" if ok else "FAIL", "steps": cite, "evidence": "seen", "justification": "rule"} for t, ok in verdicts]}
         raise LookupError(f"unknown stage {stage!r}")
 
 
