@@ -309,16 +309,16 @@ class Tau2Backend(Backend):
         self._calls += 1
         call = msg.ToolCall(id=f"call_{self._calls}", name=name, arguments=arguments, requestor=requestor)
         speaker = msg.AssistantMessage if requestor == "assistant" else msg.UserMessage
-        self._messages.append(speaker(role=requestor, content=None, tool_calls=[call], timestamp=self._now()))
+        # Messages carry no timestamps: the log is already in order and the evaluator ignores them.
+        self._messages.append(speaker(role=requestor, content=None, tool_calls=[call]))
         response = self._env.get_response(call)
-        response.timestamp = self._now()
         self._messages.append(response)
         return ToolResult(output=response.content or "", error=bool(response.error))
 
     def say(self, speaker: str, text: str) -> None:
         msg = self._tau2.message
         cls = msg.AssistantMessage if speaker == "assistant" else msg.UserMessage
-        self._messages.append(cls(role=speaker, content=text, timestamp=self._now()))
+        self._messages.append(cls(role=speaker, content=text))
 
     def messages(self) -> list[Any]:
         """The episode's log as tau2 ``Message`` objects (what the evaluator grades)."""
