@@ -34,6 +34,51 @@ import traceback
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 
+class Sandbox:
+    """A second wall behind AppWorld's safety guard, which misses some routes (e.g.
+    ``pathlib.Path.write_text``): while agent code runs, an audit hook refuses the
+    operations that could touch the host, whatever module they come from. It is switched
+    on only around the agent's cell, so the engine's own state saving is unaffected."""
+
+    BLOCKED = {
+        "os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
+        "pty.spawn", "os.kill", "os.killpg", "socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg",
+        "os.remove", "os.rename", "os.rmdir", "os.mkdir", "shutil.rmtree", "shutil.copyfile", "shutil.move",
+        "os.chmod", "os.chown", "os.truncate", "os.symlink", "os.link", "os.utime", "os.chdir", "os.putenv",
+        "os.unsetenv", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "os.startfile", "webbrowser.open",
+    }
+    WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+    def __init__(self) -> None:
+        self.active = False
+        sys.addaudithook(self._hook)
+
+    def _hook(self, event: str, args: tuple) -> None:
+        if not self.active:
+            return
+        if event in self.BLOCKED:
+            self._refuse(event)
+        if event == "open" and len(args) >= 3:
+            path, mode, flags = args[0], args[1], args[2]
+            writes = any(c in mode for c in "wax+") if isinstance(mode, str) else bool((flags or 0) & self.WRITE_FLAGS)
+            if writes:
+                self._refuse(f"writing to {path!r}")
+
+    @staticmethod
+    def _refuse(what: str) -> None:
+        raise PermissionError(f"not allowed in this environment: {what}")
+
+    def guard(self, run_cell):
+        def guarded(*args, **kwargs):
+            self.active = True
+            try:
+                return run_cell(*args, **kwargs)
+            finally:
+                self.active = False
+
+        return guarded
+
+
 def _clip(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
@@ -50,6 +95,7 @@ class Engine:
         self._AppWorld = AppWorld
         self.experiment_name = experiment_name
         self.max_output_chars = max_output_chars
+        self.sandbox = Sandbox()
         self.world = None
         self.task_id: str | None = None
 
@@ -61,6 +107,7 @@ class Engine:
         self.world = self._AppWorld(
             task_id=task_id, experiment_name=self.experiment_name, timeout_seconds=max(1, int(timeout_s))
         )
+        self.world.shell.run_cell = self.sandbox.guard(self.world.shell.run_cell)
         self.task_id = task_id
         task = self.world.task
         supervisor = task.supervisor
