@@ -1,0 +1,122 @@
+"""What a training run shows while it runs and leaves behind: one progress line per
+iteration, ``metrics.jsonl`` (one flat JSON object per iteration), and PNG plots of the
+rubric pass rate and of the termination modes over iterations (DRACO's Figures 3 and 4).
+TensorBoard event files come from Tune's own logger, in the trial directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+# Keys of an RLlib result worth keeping, besides everything under the prefixes below.
+_TOP = ("training_iteration", "time_this_iter_s", "time_total_s", "reward_mean", "reward_std", "rubric_pass_rate",
+        "criteria_before_dropout", "criteria_after_dropout", "inert_credit_share", "episode_turns_mean",
+        "judge_calls", "judge_prompt_tokens", "judge_completion_tokens", "judge_cost", "reward_fallbacks",
+        "tokens_per_s", "generated_tokens", "num_trajectories")
+_PREFIXES = ("termination/", "env/", "time/")
+_LEARNER = ("policy_loss", "kl", "ratio", "clip_fraction", "total_loss", "policy_tokens",
+            "gradients_default_optimizer_global_norm")
+
+
+def compact(result: dict[str, Any]) -> dict[str, Any]:
+    """The run's own metrics out of an RLlib result dict, flat and JSON-safe."""
+    out: dict[str, Any] = {}
+    for key, value in result.items():
+        if key in _TOP or key.startswith(_PREFIXES):
+            out[key] = _plain(value)
+    learner = (result.get("learners") or {}).get("default_policy") or {}
+    for key in _LEARNER:
+        if key in learner:
+            out[f"learner/{key}"] = _plain(learner[key])
+    return out
+
+
+def _plain(value):
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return value
+    return value if math.isfinite(value) else None
+
+
+def progress_line(m: dict[str, Any], total_iterations: int | None = None) -> str:
+    it = int(m.get("training_iteration", 0))
+    head = f"[iter {it}/{total_iterations}]" if total_iterations else f"[iter {it}]"
+    terms = " ".join(f"{k.split('/', 1)[1]}={v:.2f}" for k, v in sorted(m.items())
+                     if k.startswith("termination/") and v)
+    times = " ".join(f"{p}={m.get('time/' + p, 0.0):.1f}s" for p in ("generation", "env", "judge", "credit",
+                                                                      "learner", "sync", "other"))
+    success = f" success={m['env/success']:.2f}" if m.get("env/success") is not None else ""
+    return (f"{head} reward={m.get('reward_mean', 0):+.3f}±{m.get('reward_std', 0):.3f} "
+            f"pass={m.get('rubric_pass_rate', 0):.2f} criteria={m.get('criteria_before_dropout', 0):.1f}"
+            f"->{m.get('criteria_after_dropout', 0):.1f} inert={m.get('inert_credit_share', 0):.2f} "
+            f"turns={m.get('episode_turns_mean', 0):.1f}{success} [{terms}] "
+            f"kl={m.get('learner/kl') or 0:.4f} tok/s={m.get('tokens_per_s', 0):.1f} | "
+            f"{times} iter={m.get('time/iteration', 0):.1f}s")
+
+
+class MetricsLog:
+    """Appends compact metrics to ``metrics.jsonl`` and redraws the plots."""
+
+    def __init__(self, output_dir: str | Path, total_iterations: int | None = None, echo=print) -> None:
+        self.dir = Path(output_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / "metrics.jsonl"
+        self.total = total_iterations
+        self.echo = echo
+        self.rows: list[dict] = []
+
+    def add(self, result: dict[str, Any]) -> dict[str, Any]:
+        row = compact(result)
+        self.rows.append(row)
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        if self.echo:
+            self.echo(progress_line(row, self.total))
+        plot_run(self.rows, self.dir / "plots")
+        return row
+
+
+def plot_run(rows: list[dict], out_dir: str | Path) -> list[Path]:
+    """rubric_pass_rate.png and termination_modes.png; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    its = [r.get("training_iteration", i + 1) for i, r in enumerate(rows)]
+    written = []
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(its, [r.get("rubric_pass_rate") or 0 for r in rows], marker="o", label="rubric pass rate")
+    ax.plot(its, [r.get("reward_mean") or 0 for r in rows], marker=".", linestyle="--", label="reward mean")
+    if any(r.get("env/success") is not None for r in rows):
+        ax.plot(its, [r.get("env/success") or 0 for r in rows], marker="x", linestyle=":", label="env success")
+    ax.set_xlabel("iteration")
+    ax.set_title("Rubric pass rate")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    written.append(out / "rubric_pass_rate.png")
+    fig.savefig(written[-1], dpi=100)
+    plt.close(fig)
+
+    modes = sorted({k.split("/", 1)[1] for r in rows for k in r if k.startswith("termination/")})
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if modes:
+        ax.stackplot(its, *[[r.get(f"termination/{m}") or 0 for r in rows] for m in modes], labels=modes)
+        ax.legend(loc="upper left", fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("share of rollouts")
+    ax.set_title("Termination modes")
+    fig.tight_layout()
+    written.append(out / "termination_modes.png")
+    fig.savefig(written[-1], dpi=100)
+    plt.close(fig)
+    return written

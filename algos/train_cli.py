@@ -1,0 +1,146 @@
+"""``draco-gym train CONFIG.yaml``: validate, prepare, then run GRPO through Ray Tune.
+
+Order matters for a first run on a fresh machine: the config is validated first (a typo
+fails in a second, naming the key), then the model is prepared and the environment built
+once in this process (a converted model, an AppWorld runtime set up with visible progress,
+environment keyword errors surfacing here), and only then does Ray start.
+
+Tune runs the algorithm (``tune.Tuner("GRPO", param_space=config)``): it writes the
+TensorBoard event files and checkpoints; this command adds one progress line per
+iteration, ``metrics.jsonl``, the plots, and a copy of the final checkpoint at
+``OUTPUT_DIR/checkpoint`` for ``draco-gym eval``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="YAML run config (see draco_gym/config.py for the schema)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set rollout.group_size=4 (repeatable)")
+    parser.add_argument("--iterations", type=int, help="override the number of iterations")
+    parser.add_argument("--output-dir", help="override output_dir")
+    parser.add_argument("--check", action="store_true", help="validate the config and exit")
+
+
+def run(args: argparse.Namespace) -> int:
+    from draco_gym.config import ConfigError, load_config
+
+    overrides = list(args.set)
+    if args.iterations is not None:
+        overrides.append(f"iterations={args.iterations}")
+    if args.output_dir:
+        overrides.append(f"output_dir={args.output_dir}")
+    try:
+        config = load_config(args.config, overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        print(f"{args.config}: ok")
+        return 0
+    return train(config)
+
+
+def prepare(config, *, env_config: dict | None = None, task_ids: list[str] | None = None) -> list[str]:
+    """Convert the model if needed and build the environment once; returns the task ids."""
+    from draco_gym.algos.env_runner import make_env
+    from draco_gym.algos.models import resolve_model
+
+    print(f"preparing model {config.policy.model} ...", flush=True)
+    resolve_model(config.policy.model)
+    print(f"preparing environment {config.env.id} ...", flush=True)
+    env = make_env(config.env.id, env_config if env_config is not None else config.env.config)
+    try:
+        known = list(getattr(env.unwrapped, "task_ids", None) or [])
+    finally:
+        env.close()
+    wanted = task_ids or known
+    if not wanted:
+        raise ValueError(f"{config.env.id} lists no tasks; give env.task_ids")
+    unknown = [t for t in wanted if known and t not in known]
+    if unknown:
+        raise ValueError(f"task ids not in {config.env.id}: {unknown[:5]}")
+    return list(wanted)
+
+
+def start_ray(config) -> None:
+    import ray
+
+    # A local cluster this command starts itself: no token auth (Ray 2.60 otherwise asks
+    # for one), quiet workers (their errors still reach Tune's trial error).
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    res = config.resources
+    ray.init(num_cpus=res.ray_num_cpus, object_store_memory=res.object_store_memory_mb * 2**20,
+             include_dashboard=False, log_to_driver=False, configure_logging=False,
+             runtime_env={"env_vars": {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                                       "TOKENIZERS_PARALLELISM": "false"}})
+
+
+def train(config) -> int:
+    import ray
+    from ray import tune
+
+    from draco_gym.algos.reporting import MetricsLog
+    from draco_gym.config import to_algorithm_config
+
+    out = Path(config.output_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("metrics.jsonl", "rollouts.jsonl"):
+        (out / stale).unlink(missing_ok=True)
+    try:
+        task_ids = prepare(config, task_ids=config.env.task_ids)
+    except (ValueError, TypeError, FileNotFoundError, ModuleNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    algo_config = to_algorithm_config(config, output_dir=str(out)).training(task_ids=task_ids)
+    log = MetricsLog(out, config.iterations)
+    print(f"training {config.name}: {config.iterations} iterations x {config.rollout.tasks_per_iteration} tasks x "
+          f"G={config.rollout.group_size} on {len(task_ids)} tasks; output in {out}", flush=True)
+    t0 = time.time()
+    start_ray(config)
+    try:
+        tuner = tune.Tuner("GRPO", param_space=algo_config, run_config=tune.RunConfig(
+            name="tune", storage_path=str(out), stop={"training_iteration": config.iterations}, verbose=0,
+            callbacks=[_Progress(log)],
+            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=config.checkpoint.every,
+                                                    num_to_keep=config.checkpoint.keep, checkpoint_at_end=True)))
+        results = tuner.fit()
+    finally:
+        ray.shutdown()
+    if results.errors:
+        for err in results.errors:
+            print(f"error: the run failed: {err}", file=sys.stderr)
+        return 1
+    result = results[0]
+    final = out / "checkpoint"
+    if result.checkpoint is not None:
+        shutil.rmtree(final, ignore_errors=True)
+        shutil.copytree(result.checkpoint.path, final)
+    print(f"done in {time.time() - t0:.0f}s: checkpoint {final}, metrics {log.path}, plots {out / 'plots'}, "
+          f"rollouts {out / 'rollouts.jsonl'}, TensorBoard: tensorboard --logdir {out / 'tune'}", flush=True)
+    return 0
+
+
+def _progress_callback_base():
+    from ray.tune import Callback
+
+    return Callback
+
+
+class _Progress(_progress_callback_base()):
+    def __init__(self, log) -> None:
+        self.log = log
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        self.log.add(result)
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        print(f"trial {trial} failed; see {getattr(trial, 'path', '')}", file=sys.stderr, flush=True)
