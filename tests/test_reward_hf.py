@@ -74,7 +74,6 @@ def test_a_weak_local_judge_ends_in_explicit_fallbacks(model_dir):
     assert result.total_usage.calls == 1 + 2 + 1 + 2  # propose, augment x2, merge, score x2
 
 
-@pytest.mark.slow
 def test_one_grpo_trainer_step_with_the_dynamic_rubric_reward(model_dir, tmp_path):
     """A real TRL GRPOTrainer step on CPU: the reward function runs the seven DRACO stages
     against an OpenAI-protocol judge server for each group of 4 completions."""
