@@ -1,0 +1,102 @@
+"""AppWorld pieces that need no engine: metrics, task sources, setup failures, registration."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import gymnasium as gym
+import pytest
+
+import draco_gym  # noqa: F401
+from draco_gym.envs.appworld.metrics import by_difficulty, scenario_of, sgc, tgc
+from draco_gym.envs.appworld.runtime import AppWorldRuntime, SetupError
+from draco_gym.envs.appworld.suite import TaskSource
+
+
+def test_tgc_and_sgc_follow_the_benchmark_definitions():
+    results = [
+        {"task_id": "a1b2c3_1", "success": True, "difficulty": 1},
+        {"task_id": "a1b2c3_2", "success": True, "difficulty": 1},
+        {"task_id": "a1b2c3_3", "success": True, "difficulty": 1},
+        {"task_id": "ffee00_1", "success": True, "difficulty": 3},
+        {"task_id": "ffee00_2", "success": False, "difficulty": 3},
+        {"task_id": "ffee00_3", "success": True, "difficulty": 3},
+    ]
+    assert tgc(results) == pytest.approx(5 / 6)
+    assert sgc(results) == 0.5  # one of two scenarios has every task passing
+    assert by_difficulty(results) == {1: {"tgc": 1.0, "sgc": 1.0, "n": 3}, 3: {"tgc": pytest.approx(2 / 3), "sgc": 0.0, "n": 3}}
+    # a repeated failing attempt of a passing task sinks its scenario, never lifts it
+    assert sgc(results[:3] + [{"task_id": "a1b2c3_1", "success": False}]) == 0.0
+
+
+def test_metric_inputs_are_checked():
+    with pytest.raises(ValueError, match="no results"):
+        tgc([])
+    with pytest.raises(ValueError, match="needs 'task_id' and 'success'"):
+        sgc([{"task": "x_1"}])
+    with pytest.raises(ValueError, match="no scenario part"):
+        scenario_of("nounderscore")
+    assert scenario_of("note-to-file_2") == "note-to-file"
+    assert scenario_of("82e2fac_1:tag") == "82e2fac"
+
+
+def _data_folder(root, splits):
+    data = root / "data"
+    for split, ids in splits.items():
+        (data / "datasets").mkdir(parents=True, exist_ok=True)
+        (data / "datasets" / f"{split}.txt").write_text("\n".join(ids) + "\n")
+        for task_id in ids:
+            task = data / "tasks" / task_id.split(":")[0]
+            (task / "ground_truth").mkdir(parents=True, exist_ok=True)
+            (task / "specs.json").write_text("{}")
+            (task / "ground_truth" / "metadata.json").write_text(json.dumps({"difficulty": 2}))
+    return data
+
+
+def test_task_source_reads_a_real_layout(tmp_path):
+    _data_folder(tmp_path, {"train": ["50e1ac9_1", "50e1ac9_2:tagged"], "test_normal": ["aa_1"]})
+    for given in (tmp_path, tmp_path / "data"):  # the APPWORLD_ROOT or its data/ folder
+        source = TaskSource(given)
+        assert source.splits == ["test_normal", "train"]
+        assert source.task_ids("train") == ["50e1ac9_1", "50e1ac9_2"]
+        assert source.has_task("aa_1") and not source.has_task("../aa_1") and not source.has_task("zz_1")
+        assert source.metadata("aa_1") == {"difficulty": 2}
+    with pytest.raises(ValueError, match="unknown split 'dev'"):
+        source.task_ids("dev")
+    with pytest.raises(FileNotFoundError, match="not an AppWorld data folder"):
+        TaskSource(tmp_path / "nowhere")
+
+
+def test_appworld_is_registered_without_importing_the_engine():
+    assert "draco_gym/AppWorld-v0" in gym.registry
+    assert "appworld" not in sys.modules
+    spec = gym.spec("draco_gym/AppWorld-v0")
+    assert spec.entry_point == "draco_gym.envs.appworld.env:AppWorldEnv"
+
+
+def test_cli_lists_setup():
+    from draco_gym.cli import SUBCOMMANDS
+
+    assert SUBCOMMANDS["setup"][0] == "draco_gym.envs.appworld.setup_cli"
+
+
+def test_setup_without_the_package_index_says_what_to_do(tmp_path, monkeypatch):
+    # no index, no local wheels: exactly what a machine without network access sees
+    for key in list(os.environ):
+        if key.startswith("PIP_"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_TIMEOUT", "2")
+    runtime = AppWorldRuntime(tmp_path / "home")
+    messages = []
+    with pytest.raises(SetupError) as caught:
+        runtime.ensure(messages.append)
+    text = str(caught.value)
+    assert "pip could not download appworld==0.1.3.post1" in text
+    assert "draco-gym setup appworld" in text and "PIP_INDEX_URL" in text
+    assert not runtime.is_ready()  # never marked complete: the next call starts over
+    assert any(m.startswith("[2/3]") for m in messages)
