@@ -69,9 +69,9 @@ def reward_for(server: ServerProcess, mode: str, **options) -> DynamicRubricRewa
     return DynamicRubricReward(judge, mode=mode, max_concurrency=64, **options)
 
 
-def timed(fn):
+def timed(fn, *args):
     start = time.perf_counter()
-    result = fn()
+    result = fn(*args)
     return result, time.perf_counter() - start
 
 
@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             task = Task(id=f"bench-{mode}", instruction="Book the cheapest flight from Oslo to Rome and pay with the saved card.")
             trajs = make_group(task, G)
             reward = reward_for(server, mode)
-            cold, cold_s = timed(lambda: reward.score_group(task, trajs))
-            warm, warm_s = timed(lambda: reward.score_group(task, trajs))
+            cold, cold_s = timed(reward.score_group, task, trajs)
+            warm, warm_s = timed(reward.score_group, task, trajs)
             assert not cold.fallbacks and not warm.fallbacks, (cold.fallbacks, warm.fallbacks)
             usage = cold.total_usage
             rounds_cold, rounds_warm = ROUNDS[(mode, False)], ROUNDS[(mode, True)]
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             many_tasks = [Task(id=f"bench-{mode}-{k}", instruction=f"Task {k}: book a flight.") for k in range(args.groups)]
             many_groups = [(t, make_group(t, G)) for t in many_tasks]
             cpu = time.process_time()
-            _, many_s = timed(lambda: reward.score_groups(many_groups))
+            _, many_s = timed(reward.score_groups, many_groups)
             cpu = time.process_time() - cpu
             rows.append((f"{mode}: {args.groups} groups at once", f"{many_s:.3f} s = {many_s / (rounds_cold * L):.2f} x ({rounds_cold} rounds x L); "
                          f"client CPU {cpu:.2f} s", "<= 1.2"))
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         walls, complete, fallbacks = [], 0, 0
         for k in range(args.groups):
             task = Task(id=f"fault-{k}", instruction=f"Task {k}: book a flight.")
-            result, wall = timed(lambda: reward.score_group(task, make_group(task, G)))
+            result, wall = timed(reward.score_group, task, make_group(task, G))
             walls.append(wall)
             complete += not result.fallbacks
             fallbacks += len(result.fallbacks)

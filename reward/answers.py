@@ -300,7 +300,7 @@ def _match_titles(items: list, titles: list[str]) -> list:
             errors.append(f"criterion {item.criterion!r} is answered more than once")
         else:
             ordered[wanted[key]] = item
-    missing = [t for t, item in zip(titles, ordered) if item is None]
+    missing = [t for t, item in zip(titles, ordered, strict=True) if item is None]
     if missing:
         errors.append(f"no answer for {len(missing)} criteria: {missing}")
     if errors:
@@ -325,7 +325,7 @@ def check_scores(answer: ScoreAnswer, titles: list[str]) -> list[ScoreItem]:
 def check_attributions(answer: AttributeAnswer, titles: list[str], n_steps: int) -> list[AttributionItem]:
     ordered = _match_titles(answer.attributions, titles)
     errors = []
-    for title, item in zip(titles, ordered):
+    for title, item in zip(titles, ordered, strict=True):
         errors += _citation_errors(item.verdict, item.steps, n_steps, title)
     if errors:
         raise InvalidAnswer(errors)
@@ -335,7 +335,7 @@ def check_attributions(answer: AttributeAnswer, titles: list[str], n_steps: int)
 def check_fused(answer: FusedAnswer, titles: list[str], n_steps: int) -> list[Verdict]:
     ordered = _match_titles(answer.verdicts, titles)
     errors = []
-    for title, item in zip(titles, ordered):
+    for title, item in zip(titles, ordered, strict=True):
         errors += _citation_errors(item.verdict, item.steps, n_steps, title)
     if errors:
         raise InvalidAnswer(errors)
@@ -347,5 +347,5 @@ def check_fused(answer: FusedAnswer, titles: list[str], n_steps: int) -> list[Ve
             evidence=item.evidence,
             justification=item.justification,
         )
-        for title, item in zip(titles, ordered)
+        for title, item in zip(titles, ordered, strict=True)
     ]

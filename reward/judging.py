@@ -42,7 +42,7 @@ def combine_samples(samples: Sequence[Sequence[Verdict]]) -> list[Verdict]:
     Citations and evidence come from the samples that agree with the combined verdict.
     """
     combined = []
-    for per_criterion in zip(*samples):
+    for per_criterion in zip(*samples, strict=True):
         scores = {v.score for v in per_criterion}
         if scores == {1}:
             score = 1
@@ -155,7 +155,7 @@ class TrajectoryJudging:
                 fallbacks.append(f"attribute[{index + 1}]: {exc.reason}; kept the stage-4 verdicts without step citations")
                 return scored
         final = []
-        for verdict, item in zip(scored, items):
+        for verdict, item in zip(scored, items, strict=True):
             score = VERDICT_SCORES[item.verdict]
             reason = item.reason.strip()
             justification = verdict.justification if score == verdict.score else f"{verdict.justification} [attribution overruled: {reason}]"
@@ -175,7 +175,7 @@ def _score_verdicts(answer, titles: list[str]) -> list[Verdict]:
     items = check_scores(answer, titles)
     return [
         Verdict(criterion=title, score=item.score, evidence=item.evidence, justification=item.justification)
-        for title, item in zip(titles, items)
+        for title, item in zip(titles, items, strict=True)
     ]
 
 

@@ -96,7 +96,7 @@ class TRLReward:
         metrics = columns.get("metrics")
         groups: list[tuple[Task, list[Trajectory]]] = []
         previous = object()
-        for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+        for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
             key = json.dumps(prompt, sort_keys=True, default=str)
             if key != previous:
                 groups.append((task_from_prompt(prompt, ids[i] if ids is not None else None), []))
@@ -108,6 +108,6 @@ class TRLReward:
             if any(s != self.num_generations for s in sizes):
                 log.warning("groups of sizes %s in this batch, expected %d completions per prompt", sizes, self.num_generations)
         scored = self.reward.score_groups(groups)
-        self.last_groups = [(members, score) for (_, members), score in zip(groups, scored)]
+        self.last_groups = [(members, score) for (_, members), score in zip(groups, scored, strict=True)]
         self.history.extend(self.last_groups)
         return [r for _, score in self.last_groups for r in score.rewards]

@@ -50,7 +50,7 @@ def trajectory(marker: str, n_steps: int) -> Trajectory:
 
 
 def group() -> list[Trajectory]:
-    return [trajectory(m, n) for m, n in zip(MARKERS, N_STEPS)]
+    return [trajectory(m, n) for m, n in zip(MARKERS, N_STEPS, strict=True)]
 
 
 def _crit(title: str, **extra) -> dict:

@@ -38,9 +38,9 @@ def make_reward(server: JudgeServer, **options) -> DynamicRubricReward:
 def assert_hand_computed(result) -> None:
     assert [c.title for c in result.criteria] == SURVIVORS
     assert result.dropped == [X]
-    for got, want in zip(result.rewards, EXPECTED_REWARDS):
+    for got, want in zip(result.rewards, EXPECTED_REWARDS, strict=True):
         assert math.isclose(got, want)
-    for score, n, (passes, fails) in zip(result.scores, N_STEPS, EXPECTED_COUNTS):
+    for score, n, (passes, fails) in zip(result.scores, N_STEPS, EXPECTED_COUNTS, strict=True):
         assert score.step_counts(n) == (passes, fails)
         assert [v.criterion for v in score.verdicts] == SURVIVORS
         for v in score.verdicts:  # every PASS or FAIL cites a step inside the trajectory
@@ -75,9 +75,9 @@ def test_verdicts_feed_draco_credit():
     advantages = group_advantages(result.rewards)
     steps = get_credit_rule("draco")(trajectories, result, advantages)
     # conservation: sum_j n_j a_j = A_i N_i, for every rollout
-    for traj, a, per_step in zip(trajectories, advantages, steps):
+    for traj, a, per_step in zip(trajectories, advantages, steps, strict=True):
         n = traj.step_tokens
-        assert math.isclose(sum(nj * aj for nj, aj in zip(n, per_step)), a * sum(n), rel_tol=1e-9, abs_tol=1e-12)
+        assert math.isclose(sum(nj * aj for nj, aj in zip(n, per_step, strict=True)), a * sum(n), rel_tol=1e-9, abs_tol=1e-12)
 
 
 def test_fused_mode_gives_the_same_group_in_2g_plus_2_calls():

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from judge_server import JudgeServer, ScriptedJudge
@@ -25,12 +24,12 @@ matrices = st.integers(1, 6).flatmap(
 def test_dropout_and_reward_properties(matrix):
     n = len(matrix[0])
     criteria = [Criterion(title=f"criterion number {j}") for j in range(n)]
-    verdicts = [[Verdict(criterion=c.title, score=s, cited_steps=[1] if s else []) for c, s in zip(criteria, row)] for row in matrix]
+    verdicts = [[Verdict(criterion=c.title, score=s, cited_steps=[1] if s else []) for c, s in zip(criteria, row, strict=True)] for row in matrix]
     group = finalize_group(criteria, verdicts)
     kept = [j for j in range(n) if any(row[j] == -1 for row in matrix)]
     assert [c.title for c in group.criteria] == [criteria[j].title for j in kept]
     assert len(group.criteria) + len(group.dropped) == n
-    for row, score in zip(matrix, group.scores):
+    for row, score in zip(matrix, group.scores, strict=True):
         p = sum(row[j] == 1 for j in kept)
         f = sum(row[j] == -1 for j in kept)
         assert (score.p, score.f) == (p, f)
