@@ -3,6 +3,8 @@
 A config file has these sections (every key optional unless marked; unknown keys are
 errors that name the key, with the closest known one)::
 
+    base: appworld_draco.yaml         # optional: start from another file (path relative to this
+                                      # one) and override only what follows, merged key by key
     name: quickstart                  # run name (default: the file's stem)
     output_dir: runs/quickstart       # metrics.jsonl, rollouts.jsonl, plots/, checkpoint/, tune/
     seed: 0
@@ -212,6 +214,15 @@ def _reject_literal_keys(options: Any, where: str) -> None:
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     """Read, apply ``key.sub=value`` overrides, validate. Raises ``ConfigError``."""
     path = Path(path)
+    raw = _read(path, seen=())
+    for item in overrides or []:
+        _apply_override(raw, item, path)
+    raw.setdefault("name", path.stem)
+    raw.setdefault("output_dir", str(Path("runs") / raw["name"]))
+    return parse_config(raw, source=str(path))
+
+
+def _read(path: Path, seen: tuple) -> dict:
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError:
@@ -220,11 +231,24 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
-    for item in overrides or []:
-        _apply_override(raw, item, path)
-    raw.setdefault("name", path.stem)
-    raw.setdefault("output_dir", str(Path("runs") / raw["name"]))
-    return parse_config(raw, source=str(path))
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    base_path = (path.parent / str(base)).resolve()
+    if base_path in seen:
+        raise ConfigError(f"{path}: base {base!r} includes itself")
+    return _merge(_read(base_path, (*seen, base_path)), raw)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    """Deep merge; a section naming a different component (``name:``) replaces the base's
+    whole section, so an ablation's reward never inherits options meant for another."""
+    if "name" in over and "name" in base and over["name"] != base["name"] and "options" in base:
+        return dict(over)
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def parse_config(raw: dict, source: str = "config") -> RunConfig:
