@@ -168,6 +168,9 @@ def test_rule_input_errors_name_the_field():
     bad = _traj(3, True).model_copy(update={"metrics": {}})
     with pytest.raises(ValueError, match=r"trajectories\[0\].metrics\['success'\]"):
         rule([bad], GroupScore(), [0.0])
+    # an episode the trainer cut short (token budget, crash) was never evaluated: a failure
+    cut = bad.model_copy(update={"termination": "length"})
+    assert rule([cut, _traj(3, False)], GroupScore(), [0.0, 0.0]) == [[0.0] * 3, [0.0] * 3]
     with pytest.raises(ValueError, match="K must be"):
         ProVerRule(FakeContinuations({}), lambda t, m: (None, "x"), K=0)
     assert "prover" in CREDIT_RULES

@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from draco_gym.types import GroupScore, Trajectory
+from draco_gym.types import GroupScore, Termination, Trajectory
 
 __all__ = [
     "EnvContinuations",
@@ -273,8 +273,15 @@ class JudgeSegmentProposer:
 # -- the rule ------------------------------------------------------------------------------
 
 
+UNFINISHED = (Termination.LENGTH, Termination.ENV_ERROR)
+"""Endings imposed from outside the environment (token budget, a crash): the environment
+never evaluated the episode, which did not succeed."""
+
+
 def _outcome(traj: Trajectory, key: str, i: int) -> float:
     if key not in traj.metrics:
+        if traj.termination in UNFINISHED:
+            return 0.0
         raise ValueError(f"trajectories[{i}].metrics[{key!r}] is missing; ProVer needs an outcome signal")
     value = traj.metrics[key]
     if isinstance(value, bool):
