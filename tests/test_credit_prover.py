@@ -5,6 +5,8 @@ import asyncio
 
 import gymnasium as gym
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import draco_gym
 from draco_gym.algos.credit import CREDIT_RULES, get_credit_rule
@@ -45,6 +47,17 @@ def test_delta_and_bonus_by_hand():
     assert apply_segment_bonus([0.3, 0.3, 0.3, 0.3], Segment(2, 3), delta, lam=2.0) == [0.3, 1.3, 1.3, 0.3]
     # only the positive half: a segment that did not help changes nothing
     assert apply_segment_bonus([0.3, 0.3], Segment(1, 1), -0.25) == [0.3, 0.3]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.floats(-3, 3), min_size=2, max_size=10), st.data(), st.floats(-1, 1), st.floats(0, 2))
+def test_bonus_only_raises_and_only_the_segment(adv, data, delta, lam):
+    start = data.draw(st.integers(1, len(adv)))
+    end = data.draw(st.integers(start, len(adv)))
+    out = apply_segment_bonus(adv, Segment(start, end), delta, lam)
+    for j, (a, b) in enumerate(zip(adv, out), start=1):
+        expected = a + lam * delta if (start <= j <= end and delta > 0) else a
+        assert b == pytest.approx(expected)
 
 
 def test_shortest_success_picks_fewest_steps_then_first():

@@ -3,6 +3,8 @@
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from draco_gym.algos.credit import CREDIT_RULES, get_credit_rule
 from draco_gym.algos.credit.trace import TraceParams, trace_credit, trace_turn_rewards, trace_values
@@ -49,6 +51,18 @@ def test_window_is_truncated_at_k():
     l = [-1.0, -1.0, -1.0, -1.0, -0.01, -0.01]
     r = trace_turn_rewards(trace_values(l), 0.0)
     assert r[0] == 0.0 and r[1] > 0 and r[2] > r[1] and r[3] > r[2]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.floats(-20, 0), min_size=2, max_size=12), st.floats(-3, 3), st.integers(1, 5))
+def test_affine_in_the_outcome_advantage(logprobs, a_out, K):
+    # a_k(A) = a_k(0) + A * (alpha_out + alpha_turn * lambda_term * gamma^(T-k) [k + K - 1 >= T])
+    p = TraceParams(K=K)
+    T = len(logprobs) - 1
+    base, moved = trace_credit(logprobs, 0.0, p), trace_credit(logprobs, a_out, p)
+    for k in range(1, T + 1):
+        slope = p.alpha_out + (p.alpha_turn * p.lambda_term * p.gamma ** (T - k) if k + K - 1 >= T else 0.0)
+        assert moved[k - 1] == pytest.approx(base[k - 1] + a_out * slope, abs=1e-9)
 
 
 @pytest.mark.parametrize("bad, match", [([], "l_0"), ([-1.0, 0.5], r"answer_logprobs\[1\]"), ([-1.0, math.nan], r"answer_logprobs\[1\]")])
