@@ -39,7 +39,7 @@ def gold_calls(backend: Tau2Backend, n_tasks: int) -> dict[str, list[ToolCall]]:
     """The agent-side gold tool calls of the first ``n_tasks`` tasks that have any."""
     calls = {}
     for task_id in backend.task_ids():
-        task = backend._tasks[task_id]
+        task = backend.tau2_task(task_id)
         actions = (task.evaluation_criteria.actions or []) if task.evaluation_criteria else []
         agent_actions = [ToolCall(a.name, dict(a.arguments)) for a in actions if a.requestor == "assistant"]
         if agent_actions:
@@ -57,7 +57,7 @@ def episode_direct(backend: Tau2Backend, task_id: str, calls: list[ToolCall]) ->
     from tau2.data_model.message import ToolCall as Tau2ToolCall
 
     backend.start(task_id)
-    environment, times = backend._env, []
+    environment, times = backend.environment, []
     for i, call in enumerate(calls):
         t0 = time.perf_counter()
         environment.get_response(Tau2ToolCall(id=f"call_{i}", name=call.name, arguments=call.arguments))
@@ -70,7 +70,7 @@ def episode_runner(backend: Tau2Backend, task_id: str, calls: list[ToolCall]) ->
     from tau2.data_model.message import ToolCall as Tau2ToolCall
 
     backend.start(task_id)
-    environment, log, times = backend._env, [], []
+    environment, log, times = backend.environment, [], []
     for i, call in enumerate(calls):
         raw_arguments = json.dumps(call.arguments)  # what a function-calling API returns
         t0 = time.perf_counter()

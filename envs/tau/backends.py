@@ -324,6 +324,17 @@ class Tau2Backend(Backend):
         """The episode's log as tau2 ``Message`` objects (what the evaluator grades)."""
         return list(self._messages)
 
+    def tau2_task(self, task_id: str) -> Any:
+        """The task as tau2 defines it (scenario, initial state, evaluation criteria)."""
+        return self._tasks[self.check_task(task_id)]
+
+    @property
+    def environment(self) -> Any:
+        """The current episode's tau2 domain ``Environment``."""
+        if self._env is None:
+            raise RuntimeError("no episode yet; call start()")
+        return self._env
+
     def evaluate(self, termination: str) -> dict[str, Any]:
         sim, ev = self._tau2.simulation, self._tau2.evaluator
         reason = {
