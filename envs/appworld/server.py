@@ -249,6 +249,7 @@ class ServerPool:
                     server = self._idle.pop()
                     if server.alive:
                         return server
+                    server.stop()  # died while idle: drop it (and its scratch folder)
                     self._all.remove(server)
                 if self.max_servers is None or len(self._all) < self.max_servers:
                     server = EnvServer(self.runtime, self.data_dir, name=f"appworld-{len(self._all) + 1}",

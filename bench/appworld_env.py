@@ -1,0 +1,193 @@
+"""AppWorld-v0 against the engine alone: step latency, server start-up, memory, throughput.
+
+1. Step latency. The same code blocks (the offline suite's reference solutions) run two ways:
+   - engine: ``AppWorld.execute(code)`` inside the engine's own process (the isolated runtime),
+     no client, no HTTP: the floor;
+   - env: ``AppWorldEnv.step(message)``: find the block, send it to the environment server
+     over localhost HTTP, the same ``execute`` there, record the step.
+   Both run every episode from a fresh task load; their episodes alternate (engine, env,
+   engine, env, ...) so machine load hits both alike. Each step keeps its minimum over
+   ``--repeats`` episodes (as ``timeit`` advises on a shared machine); the figures are sums of
+   those minima. Goal: env/engine <= 1.10.
+2. Server start-up: process start until /health answers, then the first task load.
+3. Memory per server: resident set size of a server process after an episode.
+4. Throughput: episodes per second with 1 server vs 2 servers used by 2 threads.
+
+    python bench/appworld_env.py [--tasks 6] [--repeats 5] [--episodes 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+from draco_gym.envs.appworld import AppWorldEnv, AppWorldRuntime, EnvServer, ServerPool, ensure_offline_suite
+from draco_gym.envs.appworld.runtime import print_progress
+
+GOAL = 1.10
+
+ENGINE_LOOP = textwrap.dedent("""
+    import json, sys, time
+    from appworld import AppWorld
+    for line in sys.stdin:
+        job = json.loads(line)
+        world = AppWorld(task_id=job["task_id"], experiment_name="bench_engine", timeout_seconds=30)
+        times = []
+        for code in job["blocks"]:
+            started = time.perf_counter()
+            world.execute(code)
+            times.append(time.perf_counter() - started)
+        world.close()
+        print(json.dumps(times), flush=True)
+""")
+
+
+def fence(code: str) -> str:
+    return f"```python\n{code}\n```"
+
+
+class EngineInProcess:
+    """A long-lived runtime process that runs episodes with ``AppWorld`` directly."""
+
+    def __init__(self, runtime: AppWorldRuntime, root: Path) -> None:
+        self.process = subprocess.Popen(
+            [str(runtime.python), "-c", ENGINE_LOOP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True, env=runtime.subprocess_env(root), cwd=str(root),
+        )
+
+    def episode(self, task_id: str, blocks: list[str]) -> list[float]:
+        self.process.stdin.write(json.dumps({"task_id": task_id, "blocks": blocks}) + "\n")
+        self.process.stdin.flush()
+        return json.loads(self.process.stdout.readline())
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(30)
+
+
+def env_episode(env: AppWorldEnv, task_id: str, blocks: list[str]) -> list[float]:
+    env.reset(options={"task_id": task_id})
+    times = []
+    for code in blocks:
+        message = fence(code)
+        started = time.perf_counter()
+        env.step(message)
+        times.append(time.perf_counter() - started)
+    env.step("Done.")  # ends the episode (evaluation: outside the timing)
+    return times
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def bench_latency(source, runtime, tasks: list[str], repeats: int, scratch: Path) -> dict:
+    scratch.mkdir(parents=True, exist_ok=True)
+    link = scratch / "data"
+    if not link.exists():
+        link.symlink_to(source.data_dir)
+    engine = EngineInProcess(runtime, scratch)
+    env = AppWorldEnv("train", data_root=source.data_dir, show_progress=False)
+    best = {"engine": {}, "env": {}}
+    try:
+        for r in range(repeats):
+            for task_id in tasks:
+                blocks = source.ground_truth_file(task_id, "reference_solution.json")
+                for name, run in (("engine", engine.episode), ("env", lambda t, b: env_episode(env, t, b))):
+                    times = run(task_id, blocks)
+                    previous = best[name].get(task_id, [float("inf")] * len(times))
+                    best[name][task_id] = [min(a, b) for a, b in zip(previous, times)]
+            print(f"  latency repeat {r + 1}/{repeats} done", flush=True)
+    finally:
+        engine.close()
+        env.close()
+    totals = {name: sum(sum(v) for v in per_task.values()) for name, per_task in best.items()}
+    steps = sum(len(v) for v in best["env"].values())
+    return {"steps": steps, "engine_ms_per_step": 1000 * totals["engine"] / steps,
+            "env_ms_per_step": 1000 * totals["env"] / steps, "ratio": totals["env"] / totals["engine"]}
+
+
+def bench_startup(source, runtime, starts: int = 3) -> dict:
+    start_s, load_s, rss = [], [], []
+    for _ in range(starts):
+        server = EnvServer(runtime, source.data_dir, name="bench")
+        began = time.perf_counter()
+        server.start()
+        start_s.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        server.request("POST", "/reset", {"task_id": "note-of-contacts_1", "timeout_s": 30}, timeout_s=120)
+        load_s.append(time.perf_counter() - began)
+        blocks = source.ground_truth_file("note-of-contacts_1", "reference_solution.json")
+        for code in blocks:
+            server.request("POST", "/execute", {"code": code})
+        server.request("POST", "/evaluate")
+        rss.append(rss_mb(server.process.pid))
+        server.stop()
+    return {"start_s": min(start_s), "start_s_max": max(start_s), "first_load_s": min(load_s),
+            "rss_mb": max(rss)}
+
+
+def bench_throughput(source, runtime, tasks: list[str], episodes: int, n_servers: int) -> float:
+    pool = ServerPool(runtime, source.data_dir, max_servers=n_servers)
+    envs = [AppWorldEnv("train", data_root=source.data_dir, pool=pool, show_progress=False) for _ in range(n_servers)]
+    for env in envs:  # start-up is measured separately: warm every server first
+        env.reset(options={"task_id": tasks[0]})
+    queue = [tasks[i % len(tasks)] for i in range(episodes)]
+    lock = threading.Lock()
+
+    def worker(env):
+        while True:
+            with lock:
+                if not queue:
+                    return
+                task_id = queue.pop()
+            env_episode(env, task_id, source.ground_truth_file(task_id, "reference_solution.json"))
+
+    began = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(env,)) for env in envs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - began
+    for env in envs:
+        env.close()
+    pool.shutdown()
+    return episodes / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=6, help="train tasks for the latency and throughput runs")
+    parser.add_argument("--repeats", type=int, default=5, help="episodes per task and path (minimum kept)")
+    parser.add_argument("--episodes", type=int, default=12, help="episodes per throughput run")
+    args = parser.parse_args()
+
+    runtime = AppWorldRuntime()
+    source = ensure_offline_suite(runtime, progress=print_progress)
+    train = source.task_ids("train")
+    tasks = [train[i] for i in range(0, len(train), 3)][: args.tasks]  # one per scenario
+    print(f"tasks: {tasks}")
+
+    latency = bench_latency(source, runtime, tasks, args.repeats, runtime.home / "bench-scratch")
+    print(f"step latency over {latency['steps']} steps: engine {latency['engine_ms_per_step']:.1f} ms/step, "
+          f"env {latency['env_ms_per_step']:.1f} ms/step, env/engine {latency['ratio']:.3f} "
+          f"(goal <= {GOAL}: {'met' if latency['ratio'] <= GOAL else 'NOT met'})")
+    startup = bench_startup(source, runtime)
+    print(f"server start to /health: {startup['start_s']:.2f} s (max {startup['start_s_max']:.2f} s of 3); "
+          f"first task load: {startup['first_load_s']:.2f} s; RSS per server after an episode: {startup['rss_mb']:.0f} MB")
+    one = bench_throughput(source, runtime, tasks, args.episodes, 1)
+    two = bench_throughput(source, runtime, tasks, args.episodes, 2)
+    print(f"throughput: 1 server {one:.3f} episodes/s, 2 servers {two:.3f} episodes/s, speed-up {two / one:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
