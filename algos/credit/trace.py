@@ -24,6 +24,7 @@ computes l_0..l_T for a trajectory in batched teacher-forced passes.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -158,6 +159,7 @@ class ReferenceScorer:
         self.batch_size = batch_size
         self.max_length = max_length
         self._torch = torch
+        self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
 
     def gold_answer(self, task: Task) -> str:
         answer = task.metadata.get(self.answer_key)
@@ -184,23 +186,28 @@ class ReferenceScorer:
             sequences.append(context[-room:] + answer)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         n_ans = len(answer)
+        target = torch.tensor(answer, device=self.device)
         out: list[float] = []
         with torch.inference_mode():
             for start in range(0, len(sequences), self.batch_size):
                 batch = sequences[start : start + self.batch_size]
                 width = max(len(s) for s in batch)
+                # Left padding puts every answer in the same last n_ans columns, so only the
+                # n_ans predicting positions need logits (a vocabulary-wide row per context
+                # token would cost GBs on long episodes); explicit position ids keep padded
+                # rows identical to unpadded ones.
                 ids = torch.full((len(batch), width), pad, dtype=torch.long)
                 mask = torch.zeros((len(batch), width), dtype=torch.long)
                 for b, s in enumerate(batch):
-                    ids[b, : len(s)] = torch.tensor(s)
-                    mask[b, : len(s)] = 1
-                logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits.float()
-                logp = torch.log_softmax(logits, dim=-1)
-                target = torch.tensor(answer, device=logp.device)
-                for b, s in enumerate(batch):
-                    # logits at position t predict token t+1: the answer's predictors sit just before it
-                    pos = torch.arange(len(s) - n_ans - 1, len(s) - 1, device=logp.device)
-                    out.append(float(logp[b, pos, target].mean()))
+                    ids[b, width - len(s) :] = torch.tensor(s)
+                    mask[b, width - len(s) :] = 1
+                positions = (mask.cumsum(-1) - 1).clamp(min=0)
+                kwargs = {"logits_to_keep": n_ans + 1} if self._keeps_logits else {}
+                logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                    position_ids=positions.to(self.device), **kwargs).logits
+                # logits at position t predict token t+1: the answer's predictors end one short
+                logp = torch.log_softmax(logits[:, -(n_ans + 1) : -1].float(), dim=-1)
+                out += logp.gather(-1, target.expand(len(batch), n_ans)[..., None]).squeeze(-1).mean(-1).tolist()
         return out
 
 
