@@ -66,7 +66,7 @@ def passes(title: str, text: str) -> bool:
 
 def reward_for(server: ServerProcess, mode: str, **options) -> DynamicRubricReward:
     judge = OpenAIJudge("bench-judge", base_url=server.base_url, api_key="sk-bench", max_retries=4)
-    return DynamicRubricReward(judge, mode=mode, max_concurrency=64, **options)
+    return DynamicRubricReward(judge, mode=mode, max_concurrency=256, **options)
 
 
 def timed(fn, *args):
@@ -144,6 +144,15 @@ def main(argv: list[str] | None = None) -> int:
             (f"{args.fault_rate:.0%} faults: groups scored with no fallback", f"{complete}/{args.groups} = {complete / args.groups:.0%} "
              f"({fallbacks} explicit fallbacks in all)", ""),
         ]
+
+    # the judge-free rule rubric, for scale: no server, no network
+    from draco_gym.reward import RuleRubricReward
+
+    rule_task = Task(id="rule", instruction="Book a flight.")
+    rule_groups = [make_group(rule_task, G) for _ in range(50)]
+    rule = RuleRubricReward()
+    _, rule_s = timed(lambda: [rule.score_group(rule_task, g) for g in rule_groups])
+    rows.append(("rule rubric (no judge): time per group", f"{rule_s / len(rule_groups) * 1e3:.2f} ms (G={G}, 8 steps each)", ""))
 
     print(f"DRACO judge pipeline, G = {G}, injected latency L = {L} s per call")
     width = max(len(r[0]) for r in rows)

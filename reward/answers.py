@@ -14,6 +14,7 @@ common mistakes in the first place; the checks still run on every answer.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 from typing import Any, Literal
@@ -191,12 +192,7 @@ def answer_schema(
 ) -> dict:
     """The stage's JSON schema, narrowed to this call: criterion titles as an enum, step
     numbers bounded by the trajectory, the list length bounded by the stage limit."""
-    raw = ANSWER_MODELS[stage].model_json_schema()
-    schema = _strip_titles(_inline(raw))
-    # The property named "title" was removed with the schema titles; put it back.
-    for item in _items(schema):
-        if "title" in item.get("required", []) and "title" not in item["properties"]:
-            item["properties"]["title"] = {"type": "string", "minLength": 1}
+    schema = copy.deepcopy(_base_schema(stage))
     (list_key,) = schema["properties"]
     array = schema["properties"][list_key]
     if max_items is not None:
@@ -213,9 +209,9 @@ def answer_schema(
     return schema
 
 
-def _items(schema: dict) -> list[dict]:
-    (list_key,) = schema["properties"]
-    return [schema["properties"][list_key]["items"]]
+@functools.lru_cache(maxsize=None)
+def _base_schema(stage: str) -> dict:
+    return _strip_titles(_inline(ANSWER_MODELS[stage].model_json_schema()))
 
 
 # -- rules the schema cannot carry -----------------------------------------------------------

@@ -207,6 +207,7 @@ class OpenAIJudge:
         sample: int = 0,
     ) -> JudgeReply:
         import openai
+        from openai.types.chat import ChatCompletion
 
         for _ in range(4):  # at most one adaptation per kind of rejection, then the call
             request: dict[str, Any] = {"model": self.model, "messages": messages, self._token_param: max_tokens}
@@ -215,10 +216,12 @@ class OpenAIJudge:
             response_format = self._response_format(schema, schema_name)
             if response_format is not None:
                 request["response_format"] = response_format
-            if self.extra_body:
-                request["extra_body"] = self.extra_body
             try:
-                response = await self._client().chat.completions.create(**request)
+                # The client's generic post: its retries, timeouts and error types, without
+                # re-walking every message through the typed-parameter transform (~8 ms a call).
+                response = await self._client().post(
+                    "/chat/completions", body={**request, **self.extra_body}, cast_to=ChatCompletion
+                )
                 break
             except openai.BadRequestError as exc:
                 if not self._adapt_to(str(exc), request):

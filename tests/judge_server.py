@@ -9,10 +9,11 @@ judge), adds a configurable latency per call, and injects faults on demand:
     content    malformed_json, missing_fields, steps_out_of_range, pass_without_citation,
                unknown_title
 
-Faults are queued with ``inject(kind, stage=..., marker=..., times=...)`` or drawn at
-random with ``fault_rate``. Every request is recorded (``requests``) with the stage it was
-for and the fault it got. The stage is read from the response_format's schema name or,
-when the client sends no schema, from the judge prompt's "Stage <name>:" line.
+Faults are queued with ``inject(kind, stage=..., marker=..., times=...)``, or spread
+evenly over ``fault_rate`` of all calls with the kind drawn at random (seeded). Every
+request is recorded (``requests``) with the stage it was for and the fault it got. The
+stage is read from the response_format's schema name or, when the client sends no schema,
+from the judge prompt's "Stage <name>:" line.
 
     with JudgeServer(ScriptedJudge({...}), latency_s=0.05) as server:
         judge = OpenAIJudge("test-judge", base_url=server.base_url, api_key="sk-test")
@@ -208,6 +209,7 @@ class JudgeServer:
         self._queue: list[dict] = []
         self._lock = threading.Lock()
         self._random = random.Random(seed)
+        self._served = 0
         self._stopping = threading.Event()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -290,8 +292,12 @@ class JudgeServer:
                 ):
                     entry["left"] -= 1
                     return entry["kind"]
-            if self.fault_rate and self._random.random() < self.fault_rate:
-                return self._random.choice(self.random_faults)
+            if self.fault_rate:
+                # exactly fault_rate of the calls, evenly spread; the kind is drawn at random
+                k = self._served
+                self._served += 1
+                if int((k + 1) * self.fault_rate) > int(k * self.fault_rate):
+                    return self._random.choice(self.random_faults)
         return None
 
     def _record(self, request: JudgeRequest | None, fault: str | None, status: int) -> None:
