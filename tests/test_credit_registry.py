@@ -85,3 +85,27 @@ def test_trainer_supplies_what_only_it_has():
     assert grpo.GRPO.credit_options(algo("trace", {}))["reference_model"] == "/models/base"
     assert grpo.GRPO.credit_options(algo("trace", {"reference_model": "/ref"}))["reference_model"] == "/ref"
     assert grpo.GRPO.credit_options(algo("trca", {"lam": 0.5})) == {"lam": 0.5}
+
+
+@pytest.mark.parametrize("name", ["trca", "trace", "prover"])
+def test_shipped_configs_select_each_rule(name, monkeypatch):
+    """configs/pythontools_<rule>.yaml validates, reaches GRPOConfig, and builds its rule with
+    what the trainer adds."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    grpo = pytest.importorskip("draco_gym.algos.grpo")
+    from draco_gym.config import load_config, to_algorithm_config
+
+    monkeypatch.setenv("OPENAI_API_KEY", "test-only")
+    path = Path(__file__).resolve().parents[1] / "configs" / f"pythontools_{name}.yaml"
+    algo_config = to_algorithm_config(load_config(path))
+    assert algo_config.credit == name and algo_config.env == "draco_gym/PythonTools-v0"
+    fake_algo = SimpleNamespace(config=SimpleNamespace(credit=algo_config.credit, credit_options=algo_config.credit_options,
+                                                       model_path="/models/base"), env_runner_group=object())
+    options = grpo.GRPO.credit_options(fake_algo)
+    rule = get_credit_rule(name, **options)
+    assert callable(rule)
+    if name == "trca":  # runs as configured, judge-free
+        trajs, group = _group()
+        assert len(rule(trajs, group, group_advantages(group.rewards))) == 3
