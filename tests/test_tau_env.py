@@ -190,6 +190,8 @@ def test_bad_arguments_are_named(mock_backend):
         env.reset(options={"task": "create_task_1"})
     with pytest.raises(ValueError, match="unknown τ² domain 'banking_knowledge'.*tau2-bench"):
         Tau2Backend("banking_knowledge")
+    with pytest.raises(ValueError, match=r"takes no environment argument \['retrieval_variant'\]"):
+        Tau2Backend("mock", retrieval_variant="bm25_grep")
     with pytest.raises(ValueError, match="backend must be one of"):
         TauBenchEnv("tau3", "mock")
     with pytest.raises(TypeError, match="user must be"):

@@ -211,6 +211,13 @@ class Tau2Backend(Backend):
         self._tasks = {str(task.id): task for task in tasks}
         self._retrieval = (retrieval_variant, dict(retrieval_kwargs or {}))
         self._extra_env_kwargs = dict(env_kwargs or {})
+        wanted = set(self._extra_env_kwargs) | ({"retrieval_variant"} if retrieval_variant is not None else set())
+        refused = sorted(name for name in wanted if not _accepts(self._constructor, name))
+        if refused:
+            raise ValueError(
+                f"τ² domain {domain!r} takes no environment argument {refused} "
+                "(retrieval_variant applies to banking_knowledge only)"
+            )
         self._env: Any = None
         self._task: Any = None
         self._env_kwargs: dict[str, Any] = {}

@@ -73,6 +73,11 @@ class TauBenchEnv(CodeStepEnv):
         self._system_prompt = ""
         self._opening = ""
 
+    @property
+    def task_ids(self) -> list[str]:
+        """Every task of the backend's task set (what a trainer or ``draco-gym eval`` iterates)."""
+        return self.backend.task_ids()
+
     # -- CodeStepEnv hooks -----------------------------------------------------------------
 
     def _start(self, seed: int | None, options: dict[str, Any]) -> Task:

@@ -92,8 +92,9 @@ class ScriptedUser(User):
 class LLMUser(User):
     """The customer played by a chat model behind an OpenAI-compatible endpoint.
 
-    ``base_url`` defaults to ``OPENAI_BASE_URL`` (else OpenAI), ``api_key`` to
-    ``OPENAI_API_KEY`` (else ``"EMPTY"``, which local servers accept). Temperature 0 is the
+    ``base_url`` defaults to ``OPENAI_BASE_URL`` (else OpenAI). The key is ``api_key``, else the
+    environment variable named by ``api_key_env`` (how configs give it, so that keys never sit
+    in files), else ``OPENAI_API_KEY``, else ``"EMPTY"`` (local servers accept it). Temperature 0 is the
     τ² default for the user. ``max_tool_rounds`` bounds how many user-tool calls one reply
     may chain before the user must say something.
     """
@@ -104,6 +105,7 @@ class LLMUser(User):
         *,
         base_url: str | None = None,
         api_key: str | None = None,
+        api_key_env: str | None = None,
         temperature: float = 0.0,
         max_tokens: int | None = None,
         timeout_s: float = 120.0,
@@ -113,6 +115,10 @@ class LLMUser(User):
     ) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError("LLMUser needs a model name")
+        if api_key is None and api_key_env is not None:
+            api_key = os.environ.get(api_key_env)
+            if not api_key:
+                raise ValueError(f"LLMUser: api_key_env names {api_key_env!r}, but that environment variable is not set")
         import openai  # a core dependency, imported here to keep `import draco_gym` light
 
         self.model = model
