@@ -165,6 +165,14 @@ def test_rule_credits_the_segment_of_the_shortest_success():
     assert rule.stats == {"groups": 1, "credited": 1} and rule.last["delta"] == 0.5
 
 
+def test_a_custom_proposers_segment_is_validated_too():
+    conts = FakeContinuations({})
+    rule = ProVerRule(conts, lambda traj, max_len: (Segment(2, 3), "ok"))  # 3 is the final step
+    group = [_traj(3, True), _traj(3, False), _traj(3, False)]
+    assert rule(group, GroupScore(), [1.0, -0.5, -0.5])[0] == [1.0, 1.0, 1.0]
+    assert rule.stats["no_segment"] == 1 and "final step 3" in rule.last["proposal"] and conts.calls == []
+
+
 def test_ineligible_groups_cost_nothing():
     def never(*args):
         raise AssertionError("no continuations for an ineligible group")

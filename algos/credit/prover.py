@@ -20,11 +20,11 @@ rather than punished on a K-sample estimate. The state at a boundary is rebuilt 
 the episode's messages into a fresh episode (``CodeStepEnv.restore``), so only environments
 with ``can_restore`` qualify, and the group needs an outcome signal (``metrics["success"]``).
 
-Where the trainer plugs in: ``ProVerRule`` takes ``continue_fn(task_id, prefix_messages, k)
--> list[float]``, k outcomes of the *current* policy run from the restored prefix. The
-trainer's env runner provides it by restoring its env (``env.unwrapped.restore(task_id,
-prefix_messages)``) k times and running its usual generation loop from there;
-``EnvContinuations`` does exactly that around any ``policy(messages) -> str``.
+Where a trainer plugs in: ``ProVerRule`` takes ``continue_fn(task_id, prefix_messages, k)
+-> list[float]``, k outcomes of the *current* policy run from the restored prefix. The RLlib
+trainer supplies ``env_runner_continuations`` (``GRPO.credit_options``), which runs
+``LLMEnvRunner.continue_from`` on one of its env runners; ``EnvContinuations`` does the same
+around any ``policy(task, history) -> message``, for other training loops and for tests.
 """
 
 from __future__ import annotations
@@ -349,6 +349,11 @@ class ProVerRule:
             self.stats["too_short"] += 1
             return base
         segment, reason = self.propose(traj, self.max_segment_len)
+        if segment is not None:  # a custom proposer gets the same checks as the judge's
+            try:
+                segment = validate_segment(segment.start, segment.end, len(traj.steps), self.max_segment_len)
+            except ValueError as exc:
+                segment, reason = None, f"invalid segment: {exc}"
         self.last = {"eligible": True, "trajectory": star, "proposal": reason}
         if segment is None:
             self.stats["no_segment"] += 1
