@@ -34,7 +34,6 @@ from draco_gym.types import GroupScore, Step, Trajectory
 
 __all__ = [
     "CONTEXT_KEYS",
-    "DEFAULT_FAMILIES",
     "RuleFamily",
     "discounted_returns",
     "normalise_by_key",
@@ -69,14 +68,6 @@ class RuleFamily:
         return self.budget / len(self.items)
 
 
-DEFAULT_FAMILIES: tuple[RuleFamily, ...] = (
-    RuleFamily("evidence", +1, 1.0, ("new_information", "reads_required_data")),
-    RuleFamily("execution", +1, 1.0, ("runs_without_error", "makes_progress")),
-    RuleFamily("invalidity", -1, 1.0, ("malformed_action", "execution_error", "repeated_action")),
-)
-"""Placeholder item lists, used when no rule rubric supplies its own; the families and their
-budgets are the part that TRCA's math depends on."""
-
 StepHits = Mapping[str, Collection[str]]
 """The items one transition hit, per family name (a family not listed hit nothing)."""
 
@@ -93,12 +84,13 @@ def _families_by_name(families: Sequence[RuleFamily]) -> dict[str, RuleFamily]:
 
 
 def trca_step_rewards(
-    hits: Sequence[StepHits], families: Sequence[RuleFamily] = DEFAULT_FAMILIES, lam: float = 0.8
+    hits: Sequence[StepHits], families: Sequence[RuleFamily] | None = None, lam: float = 0.8
 ) -> tuple[list[float], list[float], list[float]]:
-    """Per-step (r^F, r^B, r) for one trajectory; ``hits[t]`` are the items step t+1 hit."""
+    """Per-step (r^F, r^B, r) for one trajectory; ``hits[t]`` are the items step t+1 hit.
+    ``families`` default to the reward layer's rule families."""
     if not 0.0 <= lam <= 1.0:
         raise ValueError(f"lam must be in [0, 1], got {lam!r}")
-    fams = _families_by_name(families)
+    fams = _families_by_name(families_from_reward() if families is None else families)
     covered: dict[str, set[str]] = {name: set() for name, f in fams.items() if f.sign > 0}
     r_f, r_b, r = [], [], []
     phi_prev = 0.0
@@ -163,7 +155,7 @@ def trca_credit(
     group_hits: Sequence[Sequence[StepHits]],
     advantages: Sequence[float],
     keys: Sequence[Sequence[Hashable]] | None = None,
-    families: Sequence[RuleFamily] = DEFAULT_FAMILIES,
+    families: Sequence[RuleFamily] | None = None,
     lam: float = 0.8,
     gamma: float = 0.95,
     step_weight: float = 1.0,
@@ -177,6 +169,7 @@ def trca_credit(
         raise ValueError(f"group_hits has {len(group_hits)} trajectories but advantages has {len(advantages)}")
     if not math.isfinite(step_weight):
         raise ValueError(f"step_weight must be finite, got {step_weight!r}")
+    families = families_from_reward() if families is None else families
     returns = [discounted_returns(trca_step_rewards(h, families, lam)[2], gamma) for h in group_hits]
     if keys is None:
         keys = [list(range(1, len(h) + 1)) for h in group_hits]
