@@ -22,6 +22,8 @@ Step counts (p_j, f_j) over survivors:
 
 from __future__ import annotations
 
+import math
+
 from draco_gym.types import Step, Task, Trajectory
 
 TASK = Task(id="flight-1", instruction="Book the cheapest flight from Oslo to Rome on 3 May and pay with the saved card.",
@@ -106,3 +108,18 @@ def script(mode: str = "separate") -> dict:
         else:
             out[("score_attribute", m)] = fused_answer(m)
     return out
+
+
+def assert_hand_computed(result) -> None:
+    assert [c.title for c in result.criteria] == SURVIVORS
+    assert result.dropped == [X]
+    for got, want in zip(result.rewards, EXPECTED_REWARDS, strict=True):
+        assert math.isclose(got, want)
+    for score, n, (passes, fails) in zip(result.scores, N_STEPS, EXPECTED_COUNTS, strict=True):
+        assert score.step_counts(n) == (passes, fails)
+        assert [v.criterion for v in score.verdicts] == SURVIVORS
+        for v in score.verdicts:  # every PASS or FAIL cites a step inside the trajectory
+            assert (v.score == 0) == (not v.cited_steps)
+            assert all(1 <= s <= n for s in v.cited_steps)
+    a, b, c = result.scores
+    assert (a.p, a.f, b.p, b.f, c.p, c.f) == (2, 1, 2, 2, 1, 3)

@@ -7,8 +7,7 @@ import math
 
 import pytest
 from judge_server import JudgeServer, ScriptedJudge
-from reward_fixtures import EXPECTED_REWARDS, P1, P2, P3, SURVIVORS, T1, TASK, X, group, script
-from test_reward_pipeline import assert_hand_computed
+from reward_fixtures import EXPECTED_REWARDS, P1, P2, P3, SURVIVORS, T1, TASK, X, assert_hand_computed, group, script
 
 from draco_gym.reward import DynamicRubricReward, OpenAIJudge
 

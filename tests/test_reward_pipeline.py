@@ -9,16 +9,13 @@ import math
 import pytest
 from judge_server import JudgeServer, RuleJudge, ScriptedJudge
 from reward_fixtures import (
-    EXPECTED_COUNTS,
     EXPECTED_REWARDS,
     MARKERS,
-    N_STEPS,
     P1,
     P2,
-    SURVIVORS,
     T1,
     TASK,
-    X,
+    assert_hand_computed,
     fused_answer,
     group,
     script,
@@ -33,21 +30,6 @@ def make_reward(server: JudgeServer, **options) -> DynamicRubricReward:
     judge = OpenAIJudge("test-judge", base_url=server.base_url, api_key="sk-test", request_timeout_s=5, max_retries=2)
     options.setdefault("retry_wait_s", 0.01)
     return DynamicRubricReward(judge, **options)
-
-
-def assert_hand_computed(result) -> None:
-    assert [c.title for c in result.criteria] == SURVIVORS
-    assert result.dropped == [X]
-    for got, want in zip(result.rewards, EXPECTED_REWARDS, strict=True):
-        assert math.isclose(got, want)
-    for score, n, (passes, fails) in zip(result.scores, N_STEPS, EXPECTED_COUNTS, strict=True):
-        assert score.step_counts(n) == (passes, fails)
-        assert [v.criterion for v in score.verdicts] == SURVIVORS
-        for v in score.verdicts:  # every PASS or FAIL cites a step inside the trajectory
-            assert (v.score == 0) == (not v.cited_steps)
-            assert all(1 <= s <= n for s in v.cited_steps)
-    a, b, c = result.scores
-    assert (a.p, a.f, b.p, b.f, c.p, c.f) == (2, 1, 2, 2, 1, 3)
 
 
 def test_separate_stages_match_the_hand_computed_group():
