@@ -60,6 +60,7 @@ class GRPOConfig(AlgorithmConfig):
         self.dtype = "float32"
         self.lora = dict(DEFAULT_LORA)
         self.gradient_checkpointing = False
+        self.torch_threads: int | None = None  # None: every core of the machine (see HFPolicyModule)
         self.sampler = "torch"  # "torch" (transformers, CPU or GPU) or "vllm" (GPU, unverified)
         # rollouts
         self.group_size = 6
@@ -96,10 +97,10 @@ class GRPOConfig(AlgorithmConfig):
         self.create_local_env_runner = False
 
     def policy(self, *, model=NotProvided, dtype=NotProvided, lora=NotProvided,
-               gradient_checkpointing=NotProvided, sampler=NotProvided) -> GRPOConfig:
+               gradient_checkpointing=NotProvided, sampler=NotProvided, torch_threads=NotProvided) -> GRPOConfig:
         """The policy model: a local directory or ``"smollm2-135m-instruct"``."""
         return self._set(policy_model=model, dtype=dtype, lora=lora, gradient_checkpointing=gradient_checkpointing,
-                         sampler=sampler)
+                         sampler=sampler, torch_threads=torch_threads)
 
     def training(self, *, group_size=NotProvided, tasks_per_iteration=NotProvided, task_ids=NotProvided,
                  temperature=NotProvided, max_new_tokens=NotProvided, max_prompt_tokens=NotProvided,
@@ -146,6 +147,9 @@ class GRPOConfig(AlgorithmConfig):
 
         if isinstance(self.reward, str) and self.reward not in REWARDS:
             raise ValueError(REWARDS.unknown(self.reward))
+        from draco_gym.config import _reject_literal_keys
+
+        _reject_literal_keys(self.reward_options, "reward_options")  # the config is pickled into checkpoints
         if self.sampler not in ("torch", "vllm"):
             raise ValueError(f"sampler must be 'torch' or 'vllm', got {self.sampler!r}")
         if self.num_env_runners < 1 and not self.in_evaluation:
@@ -159,7 +163,8 @@ class GRPOConfig(AlgorithmConfig):
     def policy_model_config(self) -> dict:
         return {"model": self.model_path, "dtype": self.dtype, "lora": dict(self.lora), "seed": self.seed or 0,
                 "temperature": self.temperature if self.temperature > 0 else 1.0,
-                "gradient_checkpointing": self.gradient_checkpointing}
+                "gradient_checkpointing": self.gradient_checkpointing,
+                "torch_threads": self.torch_threads or os.cpu_count()}
 
     def get_default_learner_class(self):
         return GRPOTorchLearner

@@ -72,13 +72,17 @@ class HFPolicyModule(TorchRLModule):
     """``model_config`` keys: ``model`` (local directory), ``dtype``, ``lora`` (r, alpha,
     target_modules, dropout), ``seed``, ``temperature`` (the sampling temperature: the
     learner scores tokens under the same tempered distribution that drew them),
-    ``gradient_checkpointing``."""
+    ``gradient_checkpointing``, ``torch_threads`` (intra-op threads of this process)."""
 
     def setup(self) -> None:
         cfg = dict(self.model_config or {})
         if "model" not in cfg:
             raise ValueError("HFPolicyModule needs model_config['model'], a local model directory")
         self.temperature = float(cfg.get("temperature", 1.0))
+        if cfg.get("torch_threads"):
+            # Ray pins OMP threads to an actor's CPU reservation (often 1); sampling and
+            # learning alternate, never overlap, so each may use every core in turn.
+            torch.set_num_threads(int(cfg["torch_threads"]))
         self.lm = add_lora(load_causal_lm(cfg["model"], cfg.get("dtype", "float32")), cfg.get("lora"), cfg.get("seed", 0))
         if cfg.get("gradient_checkpointing"):
             self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -17,14 +17,17 @@ import time
 import psutil
 
 
-def tree_rss(root: psutil.Process) -> int:
-    total = 0
+def tree_rss(root: psutil.Process) -> tuple[int, list[tuple[int, str]]]:
+    total, parts = 0, []
     for proc in [root, *root.children(recursive=True)]:
         try:
-            total += proc.memory_info().rss
+            rss = proc.memory_info().rss
+            name = " ".join(proc.cmdline()[:2])[-60:]
         except psutil.Error:
-            pass
-    return total
+            continue
+        total += rss
+        parts.append((rss, name))
+    return total, sorted(parts, reverse=True)
 
 
 def main(argv: list[str]) -> int:
@@ -36,14 +39,16 @@ def main(argv: list[str]) -> int:
     t0 = time.time()
     proc = subprocess.Popen(argv)
     root = psutil.Process(proc.pid)
-    peak = [0]
+    peak = [0, []]
 
     def watch() -> None:
         while proc.poll() is None:
             try:
-                peak[0] = max(peak[0], tree_rss(root))
+                total, parts = tree_rss(root)
             except psutil.Error:
-                pass
+                total, parts = 0, []
+            if total > peak[0]:
+                peak[0], peak[1] = total, parts
             time.sleep(0.5)
 
     thread = threading.Thread(target=watch, daemon=True)
@@ -51,6 +56,8 @@ def main(argv: list[str]) -> int:
     rc = proc.wait()
     thread.join(timeout=2)
     print(f"[measure] exit={rc} wall={time.time() - t0:.1f}s peak_tree_rss={peak[0] / 2**30:.2f}GiB", flush=True)
+    for rss, name in peak[1][:8]:
+        print(f"[measure]   {rss / 2**20:8.0f} MiB  {name}")
     return rc
 
 

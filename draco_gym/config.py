@@ -21,6 +21,7 @@ errors that name the key, with the closest known one)::
       lora: {r: 16, alpha: 32, target_modules: all-linear, dropout: 0.0}
       sampler: torch                  # torch | vllm (GPU; unverified)
       gradient_checkpointing: false
+      torch_threads: null             # intra-op threads per process (null: every core; Ray would pin 1)
 
     rollout:
       group_size: 6                   # G episodes per task
@@ -107,6 +108,7 @@ class PolicySection(_Section):
     lora: LoraSection = Field(default_factory=LoraSection)
     sampler: Literal["torch", "vllm"] = "torch"
     gradient_checkpointing: bool = False
+    torch_threads: int | None = Field(None, ge=1)
 
 
 class RolloutSection(_Section):
@@ -320,7 +322,8 @@ def to_algorithm_config(config: RunConfig, *, output_dir: str | None = None):
         GRPOConfig()
         .environment(config.env.id, env_config=dict(config.env.config))
         .policy(model=config.policy.model, dtype=config.policy.dtype, lora=config.policy.lora.model_dump(),
-                gradient_checkpointing=config.policy.gradient_checkpointing, sampler=config.policy.sampler)
+                gradient_checkpointing=config.policy.gradient_checkpointing, sampler=config.policy.sampler,
+                torch_threads=config.policy.torch_threads)
         .training(group_size=r.group_size, tasks_per_iteration=r.tasks_per_iteration, task_ids=config.env.task_ids,
                   temperature=r.temperature, max_new_tokens=r.max_new_tokens, max_prompt_tokens=r.max_prompt_tokens,
                   max_response_tokens=r.max_response_tokens, reward=config.reward.name,
