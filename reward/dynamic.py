@@ -59,6 +59,10 @@ class DynamicRubricReward(RubricReward):
     max_proposed, max_augmented, max_criteria
                    stage limits 15, 10, 24
     dropout        discriminative dropout (stage 6); off only for ablations
+    max_message_chars, max_observation_chars, max_trajectory_chars
+                   what the judge reads of one step's message and observation, and of a
+                   whole rollout (steps shortened alike when over); merge_* the same for
+                   the merge prompt, which holds all G rollouts
     **settings     JudgeSettings fields: temperature, max_concurrency, requests_per_minute,
                    tokens_per_minute, deadline_s, retries, max_repairs, cache_dir, prices
     """
@@ -78,7 +82,9 @@ class DynamicRubricReward(RubricReward):
         dropout: bool = True,
         max_message_chars: int = 6000,
         max_observation_chars: int = 2000,
+        max_trajectory_chars: int = 60_000,
         merge_observation_chars: int = 600,
+        merge_trajectory_chars: int = 16_000,
         max_prompt_chars: int = 3000,
         **settings: Any,
     ) -> None:
@@ -93,10 +99,12 @@ class DynamicRubricReward(RubricReward):
             samples=samples,
             max_message_chars=max_message_chars,
             max_observation_chars=max_observation_chars,
+            max_trajectory_chars=max_trajectory_chars,
         )
         self.max_proposed, self.max_augmented, self.max_criteria = max_proposed, max_augmented, max_criteria
         self.dropout = dropout
         self.merge_observation_chars = merge_observation_chars
+        self.merge_trajectory_chars = merge_trajectory_chars
         self.max_prompt_chars = max_prompt_chars
         self._proposals: OrderedDict[str, list[Criterion]] = OrderedDict()
 
@@ -178,7 +186,9 @@ class DynamicRubricReward(RubricReward):
     ) -> list[Criterion]:
         candidates = [*proposed, *(c for extra in added for c in extra)]
         rendered = [
-            self.judging.render(t, label=f"attempt {i + 1}", observation_chars=self.merge_observation_chars)
+            self.judging.render(
+                t, label=f"attempt {i + 1}", observation_chars=self.merge_observation_chars, max_chars=self.merge_trajectory_chars
+            )
             for i, t in enumerate(trajectories)
         ]
         messages = stage_messages(

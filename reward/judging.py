@@ -73,6 +73,7 @@ class TrajectoryJudging:
         samples: int = 1,
         max_message_chars: int = 6000,
         max_observation_chars: int = 2000,
+        max_trajectory_chars: int = 60_000,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -83,13 +84,17 @@ class TrajectoryJudging:
         self.samples = samples
         self.max_message_chars = max_message_chars
         self.max_observation_chars = max_observation_chars
+        self.max_trajectory_chars = max_trajectory_chars
 
-    def render(self, trajectory: Trajectory, label: str | None = None, observation_chars: int | None = None) -> str:
+    def render(
+        self, trajectory: Trajectory, label: str | None = None, observation_chars: int | None = None, max_chars: int | None = None
+    ) -> str:
         return render_trajectory(
             trajectory,
             label=label,
             max_message_chars=self.max_message_chars,
             max_observation_chars=self.max_observation_chars if observation_chars is None else observation_chars,
+            max_chars=self.max_trajectory_chars if max_chars is None else max_chars,
         )
 
     async def judge_group(

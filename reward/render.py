@@ -49,8 +49,25 @@ def render_trajectory(
     label: str | None = None,
     max_message_chars: int = 6000,
     max_observation_chars: int = 2000,
+    max_chars: int | None = None,
 ) -> str:
-    """The trajectory as numbered steps: the agent's message, then what it observed."""
+    """The trajectory as numbered steps: the agent's message, then what it observed.
+
+    ``max_chars`` bounds the whole rendering (a 50-step rollout must still fit the judge's
+    context next to G-1 others): when it is exceeded, every step is shortened alike, and
+    every step keeps its number, so citations stay valid.
+    """
+    text = _render_steps(trajectory, label, max_message_chars, max_observation_chars)
+    n = len(trajectory.steps)
+    if max_chars is None or len(text) <= max_chars or n == 0:
+        return text
+    per_step = max(max_chars // n - 120, 200)  # 120: the step's own markup
+    message = min(max_message_chars, max(per_step * 3 // 5, 120))
+    observation = min(max_observation_chars, max(per_step - message, 80))
+    return _render_steps(trajectory, label, message, observation)
+
+
+def _render_steps(trajectory: Trajectory, label: str | None, max_message_chars: int, max_observation_chars: int) -> str:
     name = f' id="{escape(label)}"' if label else ""
     end = escape(trajectory.termination or "unknown")
     lines = [f'<trajectory{name} steps="{len(trajectory.steps)}" ended="{end}">']

@@ -103,6 +103,7 @@ class StaticRubricReward(RubricReward):
         dropout: bool = True,
         max_message_chars: int = 6000,
         max_observation_chars: int = 2000,
+        max_trajectory_chars: int = 60_000,
         max_prompt_chars: int = 3000,
         **settings: Any,
     ) -> None:
@@ -117,6 +118,7 @@ class StaticRubricReward(RubricReward):
         self.judging = TrajectoryJudging(
             self.client, mode=mode, samples=samples,
             max_message_chars=max_message_chars, max_observation_chars=max_observation_chars,
+            max_trajectory_chars=max_trajectory_chars,
         )
         self.dropout = dropout
         self.max_prompt_chars = max_prompt_chars

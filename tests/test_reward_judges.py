@@ -241,3 +241,11 @@ def test_agent_text_cannot_close_the_data_elements():
     assert text.count("</trajectory>") == 1 and text.count("<step ") == 1 and text.count("</agent>") == 1
     assert "&lt;/trajectory&gt;" in text
     assert "characters omitted" in text and len(text) < 1500
+
+
+def test_long_rollouts_fit_the_budget_and_keep_every_step_number():
+    steps = [Step(index=j, text=f"step {j} " + "m" * 3000, observation="o" * 5000) for j in range(1, 51)]
+    text = render_trajectory(Trajectory(task=TASK, steps=steps), max_chars=20_000)
+    assert len(text) <= 22_000
+    assert all(f'<step n="{j}">' in text for j in range(1, 51))
+    assert text.count("characters omitted") == 100
