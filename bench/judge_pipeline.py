@@ -2,7 +2,7 @@
 server with an injected latency L per call (the server from tests/judge_server.py, run in
 its own process so that it does not compete with the client for the GIL).
 
-    python bench/judge_pipeline.py                 # L = 0.2 s, G = 6
+    python bench/judge_pipeline.py                 # L = 0.5 s, G = 6, 4 groups
     python bench/judge_pipeline.py --latency 0.5 --groups 8
 
 Figures, printed side by side with their goals:
@@ -77,7 +77,7 @@ def timed(fn, *args):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--latency", type=float, default=0.2, help="seconds the server waits before each answer (L)")
+    parser.add_argument("--latency", type=float, default=0.5, help="seconds the server waits before each answer (L)")
     parser.add_argument("--group-size", type=int, default=6, help="rollouts per group (G)")
     parser.add_argument("--groups", type=int, default=4, help="groups scored at once / in the fault run")
     parser.add_argument("--fault-rate", type=float, default=0.3)
