@@ -3,7 +3,7 @@ server with an injected latency L per call (the server from tests/judge_server.p
 its own process so that it does not compete with the client for the GIL).
 
     python bench/judge_pipeline.py                 # L = 0.5 s, G = 6, 4 groups
-    python bench/judge_pipeline.py --latency 0.5 --groups 8
+    python bench/judge_pipeline.py --latency 0.2 --groups 8
 
 Figures, printed side by side with their goals:
   - group wall time / (dependent rounds x L), separate and fused modes, with the task's
