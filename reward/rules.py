@@ -19,8 +19,8 @@ Public pieces, for TRCA credit and any other consumer:
 ``RuleRubricReward`` turns the same hits into DRACO verdicts with step citations, so
 the offline quickstart runs the whole pipeline (dropout, R_i, DRACO credit) with no judge:
 a positive item PASSes if any step hit it (citing those steps) and otherwise FAILs at the
-last step (where the missing behaviour mattered most); an Invalidity item FAILs citing
-the steps that hit it and otherwise PASSes citing the steps that ran code.
+last step that ran code (where the missing behaviour mattered most); an Invalidity item
+FAILs citing the steps that hit it and otherwise PASSes citing the steps that ran code.
 
 Rules read ``Step.info`` when the environment filled it (``parse.error``,
 ``exec_error``, ``submitted``) and fall back to the text (a traceback in the observation),
@@ -201,11 +201,21 @@ RULE_CRITERIA: tuple[Criterion, ...] = tuple(
 )
 
 
+def _had_error(trajectory: Trajectory) -> bool:
+    return any(_exec_error(s) or _parse_error(s) is not None for s in trajectory.steps)
+
+
 def rule_verdicts(trajectory: Trajectory) -> list[Verdict]:
-    """One verdict per rule item (in ``RULE_CRITERIA`` order), citing the steps behind it."""
+    """One verdict per rule item (in ``RULE_CRITERIA`` order), citing the steps behind it.
+
+    A positive item never hit FAILs at the last step that ran code: the action that ended
+    the work without it (the closing message after it did nothing). "Changes approach after
+    an error" is not applicable when nothing failed.
+    """
     hits = transition_items(trajectory)
     n = len(trajectory.steps)
     with_code = [j + 1 for j in range(n) if trajectory.steps[j].code is not None] or list(range(1, n + 1))
+    last_action = [with_code[-1]] if n else []
     verdicts = []
     for family, spec in FAMILIES.items():
         for item in spec.items:
@@ -214,9 +224,11 @@ def rule_verdicts(trajectory: Trajectory) -> list[Verdict]:
             if spec.sign > 0:
                 if steps:
                     verdicts.append(Verdict(criterion=title, score=1, cited_steps=steps, evidence=f"hit at steps {steps}"))
+                elif item == "recovers_from_error" and not _had_error(trajectory):
+                    verdicts.append(Verdict(criterion=title, score=0, evidence="no step failed"))
                 else:
-                    verdicts.append(Verdict(criterion=title, score=-1, cited_steps=[n] if n else [],
-                                            evidence="never hit", justification="missing at the end of the episode"))
+                    verdicts.append(Verdict(criterion=title, score=-1, cited_steps=last_action,
+                                            evidence="never hit", justification="missing when the agent stopped acting"))
             elif steps:
                 verdicts.append(Verdict(criterion=title, score=-1, cited_steps=steps, evidence=f"hit at steps {steps}"))
             else:

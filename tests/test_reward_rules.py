@@ -81,19 +81,22 @@ def test_rule_verdicts_cite_steps():
     assert verdicts["Writes a malformed code block"] == (-1, [4])
     assert verdicts["Sends a turn with no code"] == (1, [1, 2, 3, 5, 6])  # absence: the steps that ran code
     clean = {v.criterion: (v.score, v.cited_steps) for v in rule_verdicts(CLEAN)}
-    assert clean["Reads API documentation before use"] == (-1, [2])  # omission: cited at the last step
+    assert clean["Reads API documentation before use"] == (-1, [1])  # omission: cited at the last action
+    assert clean["Changes approach after an error"] == (0, [])  # nothing failed: not applicable
 
 
 def test_rule_reward_with_dropout_by_hand():
     group = RuleRubricReward().score_group(TASK, [MESSY, CLEAN])
-    # nobody failed: observes_output, novel_observation, runs_cleanly, submits, missing_block
-    assert len(group.dropped) == 5
+    # nobody failed: observes_output, novel_observation, runs_cleanly, recovers_from_error
+    # (MESSY passed it, CLEAN had no error), submits, missing_block
+    assert len(group.dropped) == 6
     kept = [c.title for c in group.criteria]
-    assert kept == ["Reads API documentation before use", "Changes approach after an error",
-                    "Writes a malformed code block", "Runs code that raises an error", "Repeats an earlier action unchanged"]
-    # MESSY: P P F F F -> -1/5;  CLEAN: F F P P P -> +1/5
-    assert group.rewards == pytest.approx([-0.2, 0.2])
-    assert group.scores[0].step_counts(7) == ([1, 0, 0, 0, 1, 0, 0], [0, 1, 2, 1, 0, 0, 0])
+    assert kept == ["Reads API documentation before use", "Writes a malformed code block",
+                    "Runs code that raises an error", "Repeats an earlier action unchanged"]
+    # MESSY: P F F F -> -1/2;  CLEAN: F P P P -> +1/2
+    assert group.rewards == pytest.approx([-0.5, 0.5])
+    assert group.scores[0].step_counts(7) == ([1, 0, 0, 0, 0, 0, 0], [0, 1, 2, 1, 0, 0, 0])
+    assert group.scores[1].step_counts(2) == ([3, 0], [1, 0])
     assert group.fallbacks == [] and group.usage == {}
 
 
