@@ -249,3 +249,15 @@ def test_long_rollouts_fit_the_budget_and_keep_every_step_number():
     assert len(text) <= 22_000
     assert all(f'<step n="{j}">' in text for j in range(1, 51))
     assert text.count("characters omitted") == 100
+
+
+def test_options_as_yaml_configs_write_them():
+    judge = {"name": "openai", "model": "gpt-5.4", "api_key_env": "OPENAI_API_KEY"}
+    dynamic = build_reward("dynamic", judge=judge, mode="separate", temperature=0.1, prices={"gpt-5.4": [1.25, 10.0]})
+    assert dynamic.client.settings.temperature == 0.1 and dynamic.judging.samples == 1
+    assert dynamic.client.prices["gpt-5.4"].cost(1_000_000, 100_000) == pytest.approx(2.25)
+    assert build_reward("dynamic", judge=EchoJudge(), self_judge=True, mode="fused").judging.samples == 3
+    assert build_reward("static", judge=judge, temperature=0.1).criteria
+    assert build_reward("outcome", metric="success").metric == "success"
+    with pytest.raises(TypeError):
+        build_reward("dynamic", judge=judge, temprature=0.1)  # a misspelt option is an error, not ignored
