@@ -314,7 +314,7 @@ class Tau2Backend(Backend):
     def call_tool(self, name: str, arguments: dict[str, Any], requestor: str = "assistant") -> ToolResult:
         msg = self._tau2.message
         self._calls += 1
-        call = msg.ToolCall(id=f"call_{self._calls}", name=name, arguments=arguments, requestor=requestor)
+        call = msg.ToolCall(id=f"draco_call_{self._calls}", name=name, arguments=arguments, requestor=requestor)
         speaker = msg.AssistantMessage if requestor == "assistant" else msg.UserMessage
         # Messages carry no timestamps: the log is already in order and the evaluator ignores them.
         self._messages.append(speaker(role=requestor, content=None, tool_calls=[call]))
