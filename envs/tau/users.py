@@ -43,12 +43,14 @@ class UserContext:
     ``instructions`` is the task's scenario for the customer; ``system_prompt`` the
     benchmark's user-simulator prompt built from it; ``tools`` OpenAI-style schemas of the
     user's own tools (empty in most domains) and ``call_tool(name, arguments) -> str`` runs one.
+    ``history`` is the conversation a task starts from, as ("agent" | "user", text) pairs.
     """
 
     instructions: str
     system_prompt: str
     tools: list[dict[str, Any]] = field(default_factory=list)
     call_tool: Callable[[str, dict[str, Any]], str] | None = None
+    history: list[tuple[str, str]] = field(default_factory=list)
 
 
 class User(ABC):
@@ -142,6 +144,8 @@ class LLMUser(User):
         # The user model sees the conversation with the roles flipped: the agent's messages
         # are "user" turns, its own are "assistant" turns.
         self._messages = [{"role": "system", "content": context.system_prompt}]
+        roles = {"agent": "user", "user": "assistant"}
+        self._messages += [{"role": roles[speaker], "content": text} for speaker, text in context.history]
         self.usage = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
 
     def respond(self, agent_message: str) -> str:
