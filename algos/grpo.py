@@ -294,16 +294,22 @@ class GRPO(Algorithm):
         return credit_groups(groups, rule)
 
     def credit_options(self) -> dict:
-        """The configured credit options plus what only the trainer can supply: ProVer's
-        continuations run on an env runner with the current policy, and TRACE's frozen
-        reference defaults to the initial policy (the base model)."""
+        """The configured credit options plus what only the trainer can supply, offered to
+        any rule whose factory takes it: ``continue_fn``, continuations of the current policy
+        from a restored prefix run on an env runner (ProVer), and ``reference_model``, a
+        frozen reference that defaults to the initial policy, the base model (TRACE)."""
+        import inspect
+
+        from draco_gym.algos.credit import CREDIT_RULES
+
         options = dict(self.config.credit_options)
-        if self.config.credit == "prover":
+        accepts = inspect.signature(CREDIT_RULES.get(self.config.credit)).parameters
+        if "continue_fn" in accepts and options.get("continue_fn") is None:
             from draco_gym.algos.credit.prover import env_runner_continuations
 
-            options.setdefault("continue_fn", env_runner_continuations(self.env_runner_group))
-        elif self.config.credit == "trace":
-            options.setdefault("reference_model", self.config.model_path)
+            options["continue_fn"] = env_runner_continuations(self.env_runner_group)
+        if "reference_model" in accepts and options.get("reference_model") is None and options.get("scorer") is None:
+            options["reference_model"] = self.config.model_path
         return options
 
     def _update_learner(self, rows, advantages) -> None:
