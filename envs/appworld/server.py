@@ -172,20 +172,22 @@ class EnvServer:
         if not self.alive or self.port is None:
             raise ServerDied(f"{self.name} is not running")
         payload = json.dumps(body or {}).encode()
-        if self._conn is None:
-            self._conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)
         conn = self._conn
-        conn.timeout = timeout_s
-        if conn.sock is not None:
-            conn.sock.settimeout(timeout_s)
         try:
+            if conn is None:
+                conn = self._conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)
+                conn.connect()
+                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if conn.sock is not None:  # None only if the server closed it; request() reconnects
+                conn.sock.settimeout(timeout_s)
             conn.request(method, path, body=payload if method == "POST" else None,
                          headers={"Content-Type": "application/json"})
             response = conn.getresponse()
             data = response.read()
         except (OSError, http.client.HTTPException) as exc:
             self._conn = None
-            conn.close()
+            if conn is not None:
+                conn.close()
             reason = "timed out" if isinstance(exc, (socket.timeout, TimeoutError)) else f"{type(exc).__name__}: {exc}"
             raise ServerDied(f"{self.name} {method} {path} failed ({reason})") from exc
         try:
