@@ -60,7 +60,7 @@ class GRPOConfig(AlgorithmConfig):
         self.dtype = "float32"
         self.lora = dict(DEFAULT_LORA)
         self.gradient_checkpointing = False
-        self.torch_threads: int | None = None  # None: every core of the machine (see HFPolicyModule)
+        self.torch_threads: int | None = None  # None: leave it to Ray (one per reserved CPU)
         self.sampler = "torch"  # "torch" (transformers, CPU or GPU) or "vllm" (GPU, unverified)
         # rollouts
         self.group_size = 6
@@ -164,7 +164,7 @@ class GRPOConfig(AlgorithmConfig):
         return {"model": self.model_path, "dtype": self.dtype, "lora": dict(self.lora), "seed": self.seed or 0,
                 "temperature": self.temperature if self.temperature > 0 else 1.0,
                 "gradient_checkpointing": self.gradient_checkpointing,
-                "torch_threads": self.torch_threads or os.cpu_count()}
+                "torch_threads": self.torch_threads}
 
     def get_default_learner_class(self):
         return GRPOTorchLearner

@@ -80,8 +80,10 @@ class HFPolicyModule(TorchRLModule):
             raise ValueError("HFPolicyModule needs model_config['model'], a local model directory")
         self.temperature = float(cfg.get("temperature", 1.0))
         if cfg.get("torch_threads"):
-            # Ray pins OMP threads to an actor's CPU reservation (often 1); sampling and
-            # learning alternate, never overlap, so each may use every core in turn.
+            # Ray sets an actor's threads to its CPU reservation (often 1). Sampling and
+            # learning alternate, so on an idle machine each may use every core in turn; on a
+            # busy one, more threads than free cores spin and run many times slower (measured:
+            # 20x on 2 shared cores), hence opt-in.
             torch.set_num_threads(int(cfg["torch_threads"]))
         self.lm = add_lora(load_causal_lm(cfg["model"], cfg.get("dtype", "float32")), cfg.get("lora"), cfg.get("seed", 0))
         if cfg.get("gradient_checkpointing"):

@@ -37,6 +37,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--max-turns", type=int, default=3)
     p.add_argument("--reward", default="rule")
     p.add_argument("--credit", default="draco")
+    p.add_argument("--threads", type=int, default=1, help="torch threads for part 2 (Ray's actors default to 1)")
     p.add_argument("--skip", choices=["iteration", "generation"], action="append", default=[])
     return p.parse_args()
 
@@ -100,7 +101,7 @@ def bench_generation(args, path: str) -> None:
     from draco_gym.algos.module import add_lora, load_causal_lm
     from draco_gym.algos.rollout import Episode, EpisodeLimits, run_episodes
 
-    torch.set_num_threads(max(os.cpu_count() or 1, 1))
+    torch.set_num_threads(args.threads)
     tok = AutoTokenizer.from_pretrained(path)
     lm = add_lora(load_causal_lm(path), {"r": 16, "alpha": 32}).eval()
     chat = ChatFormat.from_tokenizer(tok)

@@ -21,7 +21,7 @@ errors that name the key, with the closest known one)::
       lora: {r: 16, alpha: 32, target_modules: all-linear, dropout: 0.0}
       sampler: torch                  # torch | vllm (GPU; unverified)
       gradient_checkpointing: false
-      torch_threads: null             # intra-op threads per process (null: every core; Ray would pin 1)
+      torch_threads: null             # intra-op threads per process (null: Ray's, one per reserved CPU)
 
     rollout:
       group_size: 6                   # G episodes per task
