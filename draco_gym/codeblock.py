@@ -19,6 +19,7 @@ opened but unclosed block (often a generation cut off by the token limit) is an 
 
 from __future__ import annotations
 
+import functools
 import re
 import textwrap
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ class ParsedMessage:
         return {"n_blocks": len(self.blocks), "error": self.error, "warning": self.warning}
 
 
+@functools.lru_cache(maxsize=16)
 def _block_pattern(languages: tuple[str, ...]) -> re.Pattern[str]:
     tags = "|".join(re.escape(lang) for lang in languages)
     # A fence opens at a line start with ``` + a language tag and closes at a line that is ```;
@@ -63,6 +65,7 @@ def _block_pattern(languages: tuple[str, ...]) -> re.Pattern[str]:
     )
 
 
+@functools.lru_cache(maxsize=16)
 def _opener_pattern(languages: tuple[str, ...]) -> re.Pattern[str]:
     tags = "|".join(re.escape(lang) for lang in languages)
     return re.compile(rf"^[ \t]*```[ \t]*(?:{tags})[ \t]*$|<code>", re.MULTILINE | re.IGNORECASE)
