@@ -98,8 +98,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             Episode.start(self._envs[k], self.chat, limits, task_id=task, seed=seed + k)
             for k, task in enumerate(t for t in tasks for _ in range(group_size))
         ]
-        env_time = [0.0]
-        trajectories = run_episodes(episodes, _Timed(sampler, env_time), self.chat, limits, seed=seed)
+        stats: dict = {}
+        trajectories = run_episodes(episodes, sampler, self.chat, limits, seed=seed, stats=stats)
         t_rollout = time.perf_counter() - t0
         groups, t1 = [], time.perf_counter()
         for i, task in enumerate(tasks):
@@ -107,11 +107,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             group_score = self.reward.score_group(trajs[0].task, trajs) if score else None
             groups.append({"task_id": task, "trajectories": trajs, "score": group_score})
         t_judge = time.perf_counter() - t1
-        new_tokens = sum(len(t.token_ids) - t.token_step.count(-1) for t in trajectories)
         return {
             "groups": groups,
-            "timers": {"generation": env_time[0], "env": t_rollout - env_time[0], "judge": t_judge},
-            "generated_tokens": new_tokens,
+            "timers": {"generation": stats["sampling_s"], "env": t_rollout - stats["sampling_s"], "judge": t_judge},
+            "generated_tokens": stats["sampled_tokens"],
             WEIGHTS_SEQ_NO: self._weights_seq_no,
         }
 
@@ -179,17 +178,3 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             except Exception:  # noqa: BLE001 - closing is best effort
                 pass
         self._envs = []
-
-
-class _Timed:
-    """A sampler wrapper that adds its wall time to ``total[0]``."""
-
-    def __init__(self, sampler, total: list[float]) -> None:
-        self.sampler, self.total = sampler, total
-
-    def sample(self, *args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return self.sampler.sample(*args, **kwargs)
-        finally:
-            self.total[0] += time.perf_counter() - t0

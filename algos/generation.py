@@ -30,11 +30,22 @@ class Sampler(Protocol):
     def sample(self, prompts: Sequence[list[int]], max_new_tokens: Sequence[int], seed: int) -> list[Sample]: ...
 
 
+class Session(Protocol):
+    """Optional: a sampler with ``session(prompts)`` keeps conversations' state across turns."""
+
+    def sample(self, max_new_tokens: Sequence[int], seed: int) -> list[Sample]: ...
+
+    def extend(self, chunks: Sequence[list[int]]) -> None: ...
+
+    def keep(self, rows: Sequence[int]) -> None: ...
+
+
 class TorchSampler:
     """Batched ancestral sampling from a transformers causal LM (CPU or GPU).
 
     ``temperature == 0`` means greedy decoding; the recorded log-probs are then those of
-    the untempered distribution.
+    the untempered distribution. ``sample`` is one-shot; ``session`` keeps a batch of
+    growing conversations and their KV cache across turns (see ``SamplingSession``).
     """
 
     def __init__(self, model, *, eos_ids: Sequence[int], pad_id: int, temperature: float = 1.0) -> None:
@@ -44,64 +55,118 @@ class TorchSampler:
         self.eos_ids = tuple(eos_ids)
         self.pad_id = int(pad_id)
         self.temperature = float(temperature)
+        self._cache_kw = _cache_argument(model)
+
+    def session(self, prompts: Sequence[list[int]]) -> SamplingSession:
+        return SamplingSession(self, prompts)
 
     def sample(self, prompts: Sequence[list[int]], max_new_tokens: Sequence[int], seed: int) -> list[Sample]:
-        import torch
-
         if not prompts:
             return []
-        if len(max_new_tokens) != len(prompts):
-            raise ValueError("one max_new_tokens per prompt")
-        device = next(self.model.parameters()).device
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):  # left padding: every row's last token is aligned
-            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p) :] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        budget = torch.tensor(list(max_new_tokens), device=device)
-        eos = torch.tensor(self.eos_ids, device=device)
-        generator = torch.Generator(device=device).manual_seed(int(seed))
+        return self.session(prompts).sample(max_new_tokens, seed)
 
-        out_ids: list[list[int]] = [[] for _ in prompts]
-        out_lp: list[list[float]] = [[] for _ in prompts]
-        done = budget <= 0
-        ended = torch.zeros(len(prompts), dtype=torch.bool, device=device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        step_input, step_pos, cache = ids, positions, None
-        cache_kw = _cache_argument(self.model)
+
+class SamplingSession:
+    """A batch of conversations that grow turn by turn, with their KV cache kept.
+
+    Re-encoding a whole multi-turn context every turn costs O(turns x context) prefill, and
+    prefill, not decoding, is what dominates on a CPU. A session encodes each token once:
+    the prompts (identical prompts, e.g. the G episodes of one task, once for all), then per
+    turn the sampled tokens and the appended observation. Rows are left-padded where they
+    start and where a turn appends chunks of unequal length; padding is masked out and the
+    position ids count real tokens only, so every row sees exactly its own sequence.
+    Finished rows are dropped from the cache (``keep``).
+    """
+
+    def __init__(self, sampler: TorchSampler, prompts: Sequence[list[int]]) -> None:
+        import torch
+
+        self.s = sampler
+        self.model = sampler.model
+        self.device = next(self.model.parameters()).device
+        unique = list(dict.fromkeys(tuple(p) for p in prompts))
+        self.rows = len(unique)
+        self.mask = torch.zeros((len(unique), 0), dtype=torch.long, device=self.device)
+        self.length = torch.zeros(len(unique), dtype=torch.long, device=self.device)
+        self.cache = None
+        self.logits = None
+        self.extend([list(p) for p in unique])
+        where = {p: i for i, p in enumerate(unique)}
+        self.keep([where[tuple(p)] for p in prompts])
+
+    def _forward(self, ids, chunk_mask):
+        import torch
+
+        self.mask = torch.cat([self.mask, chunk_mask], dim=-1)
+        positions = self.length[:, None] + chunk_mask.cumsum(-1) - 1
+        self.length = self.length + chunk_mask.sum(-1)
+        out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=positions.clamp(min=0),
+                         use_cache=True, logits_to_keep=1, **{self.s._cache_kw: self.cache})
+        self.cache = getattr(out, self.s._cache_kw)
+        return out.logits[:, -1].float()
+
+    def extend(self, chunks: Sequence[list[int]]) -> None:
+        """Append ``chunks[i]`` to row i (empty: nothing for that row)."""
+        import torch
+
+        width = max((len(c) for c in chunks), default=0)
+        if width == 0:
+            return
+        ids = torch.full((self.rows, width), self.s.pad_id, dtype=torch.long)
+        mask = torch.zeros((self.rows, width), dtype=torch.long)
+        for i, chunk in enumerate(chunks):
+            if chunk:
+                ids[i, width - len(chunk) :] = torch.tensor(chunk, dtype=torch.long)
+                mask[i, width - len(chunk) :] = 1
         with torch.no_grad():
-            for t in range(int(budget.max().item()) if len(budget) else 0):
-                if bool(done.all()):
-                    break
-                out = self.model(
-                    input_ids=step_input,
-                    attention_mask=mask,
-                    position_ids=step_pos,
-                    use_cache=True,
-                    logits_to_keep=1,
-                    **{cache_kw: cache},
-                )
-                cache = getattr(out, cache_kw)
-                logits = out.logits[:, -1].float()
-                if self.temperature > 0:
-                    logp = torch.log_softmax(logits / self.temperature, dim=-1)
+            logits = self._forward(ids.to(self.device), mask.to(self.device))
+        fresh = torch.tensor([bool(c) for c in chunks], device=self.device)
+        self.logits = logits if self.logits is None else torch.where(fresh[:, None], logits, self.logits)
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep (or repeat) these rows, in this order; the others leave the batch."""
+        import torch
+
+        index = torch.tensor(list(rows), dtype=torch.long, device=self.device)
+        self.cache.reorder_cache(index)
+        self.mask, self.length, self.logits = self.mask[index], self.length[index], self.logits[index]
+        self.rows = len(rows)
+
+    def sample(self, max_new_tokens: Sequence[int], seed: int) -> list[Sample]:
+        """One assistant turn per row. Every sampled token, the end-of-turn token included,
+        is in the cache afterwards; what a row would draw after its end is masked out."""
+        import torch
+
+        if len(max_new_tokens) != self.rows:
+            raise ValueError(f"{len(max_new_tokens)} budgets for {self.rows} rows")
+        budget = torch.tensor(list(max_new_tokens), device=self.device)
+        eos = torch.tensor(self.s.eos_ids, device=self.device)
+        generator = torch.Generator(device=self.device).manual_seed(int(seed))
+        out_ids: list[list[int]] = [[] for _ in range(self.rows)]
+        out_lp: list[list[float]] = [[] for _ in range(self.rows)]
+        done = budget <= 0
+        ended = torch.zeros(self.rows, dtype=torch.bool, device=self.device)
+        logits, t = self.logits, 0
+        with torch.no_grad():
+            while not bool(done.all()):
+                if self.s.temperature > 0:
+                    logp = torch.log_softmax(logits / self.s.temperature, dim=-1)
                     token = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
                 else:
                     logp = torch.log_softmax(logits, dim=-1)
                     token = logits.argmax(-1)
                 token_lp = logp.gather(-1, token[:, None]).squeeze(-1)
-                for i in torch.nonzero(~done).flatten().tolist():
+                live = ~done
+                for i in torch.nonzero(live).flatten().tolist():
                     out_ids[i].append(int(token[i]))
                     out_lp[i].append(float(token_lp[i]))
-                hit_eos = torch.isin(token, eos) & ~done
+                hit_eos = torch.isin(token, eos) & live
                 ended |= hit_eos
-                done = done | hit_eos | (budget <= t + 1)
-                step_input = token[:, None]
-                step_pos = step_pos[:, -1:] + 1
-                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
-        return [Sample(out_ids[i], out_lp[i], bool(ended[i])) for i in range(len(prompts))]
+                t += 1
+                done = done | hit_eos | (budget <= t)
+                logits = self._forward(token[:, None], live.long()[:, None])
+        self.logits = logits
+        return [Sample(out_ids[i], out_lp[i], bool(ended[i])) for i in range(self.rows)]
 
 
 def _cache_argument(model) -> str:

@@ -16,6 +16,7 @@ of turn j (end-of-turn token included) belong to step j and carry their sampling
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -59,12 +60,16 @@ class Episode:
         return self.trajectory is not None
 
     @classmethod
+    def with_prompt(cls, env, prompt_ids: list[int]) -> Episode:
+        return cls(env=env, tokens=list(prompt_ids), token_step=[GAP] * len(prompt_ids),
+                   logprobs=[0.0] * len(prompt_ids), prompt_len=len(prompt_ids))
+
+    @classmethod
     def start(cls, env, chat: ChatFormat, limits: EpisodeLimits, *, task_id: str | None = None,
               seed: int | None = None) -> Episode:
         options = {} if task_id is None else {"task_id": task_id}
         prompt, _ = env.reset(seed=seed, options=options)
-        ids = chat.prompt_ids(prompt, limits.max_prompt_tokens)
-        return cls(env=env, tokens=ids, token_step=[GAP] * len(ids), logprobs=[0.0] * len(ids), prompt_len=len(ids))
+        return cls.with_prompt(env, chat.prompt_ids(prompt, limits.max_prompt_tokens))
 
     @classmethod
     def from_prefix(cls, env, chat: ChatFormat, limits: EpisodeLimits, task_id: str,
@@ -76,8 +81,7 @@ class Episode:
         """
         env.unwrapped.restore(task_id, list(messages))
         so_far = env.unwrapped.trajectory()
-        ep = cls.start.__func__(cls, _NoReset(env, so_far.task.agent_prompt), chat, limits)  # prompt only
-        ep.env = env
+        ep = cls.with_prompt(env, chat.prompt_ids(so_far.task.agent_prompt, limits.max_prompt_tokens))
         for step in so_far.steps:
             turn = chat.encode(step.text) + [chat.eos_ids[0]] + chat.observation_ids(step.observation, True)
             ep.tokens += turn
@@ -88,49 +92,60 @@ class Episode:
         return ep
 
 
-class _NoReset:
-    """Lets ``Episode.start`` build the prompt of an environment that is already restored."""
-
-    def __init__(self, env, prompt: str) -> None:
-        self.env, self.prompt = env, prompt
-
-    def reset(self, **_):
-        return self.prompt, {}
-
-
 def run_episodes(episodes: Sequence[Episode], sampler: Sampler, chat: ChatFormat, limits: EpisodeLimits,
-                 *, seed: int = 0, on_turn=None) -> list[Trajectory]:
+                 *, seed: int = 0, stats: dict | None = None) -> list[Trajectory]:
     """Advance every episode to its end; return their trajectories in the same order.
 
-    Per turn: one ``sampler.sample`` call over all live episodes, then each environment
-    steps on its decoded message. An environment that raises ends its episode as
-    ``env_error`` (recorded in ``metrics["env_exception"]``), never the whole batch.
-    ``on_turn(turn, n_live, n_new_tokens)`` is called after each turn (timing, progress).
+    Per turn: one batched sampling call over all live episodes, then each environment steps
+    on its decoded message. A sampler with ``session`` (``TorchSampler``) keeps the live
+    episodes' KV cache across turns, so each token is encoded once. An environment that
+    raises ends its episode as ``env_error`` (recorded in ``metrics["env_exception"]``),
+    never the whole batch. ``stats``, when given, accumulates ``sampling_s`` and
+    ``sampled_tokens``.
     """
-    turn = 0
+    stats = stats if stats is not None else {}
+    stats.setdefault("sampling_s", 0.0)
+    stats.setdefault("sampled_tokens", 0)
+    session, rows, turn = None, [], 0
     while True:
         live = [ep for ep in episodes if not ep.done]
-        if not live:
-            break
         budgets = [min(limits.max_new_tokens, limits.max_response_tokens - (len(ep.tokens) - ep.prompt_len))
                    for ep in live]
         for ep, budget in zip(live, budgets):
             if budget <= 0:
                 _finish(ep, Termination.LENGTH)
+        budgets = [b for ep, b in zip(live, budgets) if not ep.done]
         live = [ep for ep in live if not ep.done]
-        budgets = [b for b in budgets if b > 0]
         if not live:
             break
-        samples = sampler.sample([ep.tokens for ep in live], budgets, seed=seed * 1_000_003 + turn)
-        for ep, sample in zip(live, samples):
-            _advance(ep, sample, chat, limits)
+        t0 = time.perf_counter()
+        turn_seed = seed * 1_000_003 + turn
+        if hasattr(sampler, "session"):
+            if session is None:
+                session, rows = sampler.session([ep.tokens for ep in live]), list(live)
+            elif rows != live:
+                session.keep([_index(rows, ep) for ep in live])
+                rows = list(live)
+            samples = session.sample(budgets, turn_seed)
+        else:
+            samples = sampler.sample([ep.tokens for ep in live], budgets, turn_seed)
+        stats["sampling_s"] += time.perf_counter() - t0
+        stats["sampled_tokens"] += sum(len(s.token_ids) for s in samples)
+        appended = [_advance(ep, sample, chat, limits) for ep, sample in zip(live, samples)]
+        if session is not None:
+            t0 = time.perf_counter()
+            session.extend(appended)
+            stats["sampling_s"] += time.perf_counter() - t0
         turn += 1
-        if on_turn is not None:
-            on_turn(turn, len(live), sum(len(s.token_ids) for s in samples))
     return [ep.trajectory for ep in episodes]
 
 
-def _advance(ep: Episode, sample, chat: ChatFormat, limits: EpisodeLimits) -> None:
+def _index(rows: list[Episode], ep: Episode) -> int:
+    return next(i for i, other in enumerate(rows) if other is ep)
+
+
+def _advance(ep: Episode, sample, chat: ChatFormat, limits: EpisodeLimits) -> list[int]:
+    """Record the sampled turn, step the environment; returns the gap tokens appended."""
     ep.n_steps += 1
     ep.tokens += sample.token_ids
     ep.token_step += [ep.n_steps] * len(sample.token_ids)
@@ -141,16 +156,18 @@ def _advance(ep: Episode, sample, chat: ChatFormat, limits: EpisodeLimits) -> No
     except Exception as exc:  # noqa: BLE001 - one broken environment must not sink the batch
         ep.error = f"{type(exc).__name__}: {exc}"
         _finish(ep, Termination.ENV_ERROR)
-        return
+        return []
     if terminated or truncated:
         _finish(ep, None)
-        return
+        return []
     gap = chat.observation_ids(observation, sample.ended_with_eos)
     ep.tokens += gap
     ep.token_step += [GAP] * len(gap)
     ep.logprobs += [0.0] * len(gap)
     if len(ep.tokens) - ep.prompt_len >= limits.max_response_tokens:
         _finish(ep, Termination.LENGTH)
+        return []
+    return gap
 
 
 def _finish(ep: Episode, termination: str | None) -> None:

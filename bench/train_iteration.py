@@ -111,32 +111,21 @@ def bench_generation(args, path: str) -> None:
     envs = [gym.make(args.env, max_turns=args.max_turns) for _ in range(args.group_size)]
     task = envs[0].unwrapped.task_ids[0]
 
-    class Counting:
-        def __init__(self):
-            self.seconds, self.tokens = 0.0, 0
-
-        def sample(self, prompts, budgets, seed):
-            t0 = time.perf_counter()
-            out = sampler.sample(prompts, budgets, seed)
-            self.seconds += time.perf_counter() - t0
-            self.tokens += sum(len(s.token_ids) for s in out)
-            return out
-
     def episodes():
         return [Episode.start(env, chat, limits, task_id=task, seed=i) for i, env in enumerate(envs)]
 
     run_episodes(episodes()[:1], sampler, chat, limits, seed=99)  # warm-up
     results = {}
     for mode in ("batched", "one at a time"):
-        counter = Counting()
+        stats: dict = {}
         t0 = time.perf_counter()
         for rep in range(2):
             if mode == "batched":
-                run_episodes(episodes(), counter, chat, limits, seed=rep)
+                run_episodes(episodes(), sampler, chat, limits, seed=rep, stats=stats)
             else:
                 for i, ep in enumerate(episodes()):
-                    run_episodes([ep], counter, chat, limits, seed=rep * 100 + i)
-        results[mode] = (counter.tokens, counter.seconds, time.perf_counter() - t0)
+                    run_episodes([ep], sampler, chat, limits, seed=rep * 100 + i, stats=stats)
+        results[mode] = (stats["sampled_tokens"], stats["sampling_s"], time.perf_counter() - t0)
     for env in envs:
         env.close()
     print(f"\n== generation of G={args.group_size} episodes, 2 repeats, model={args.model}, "

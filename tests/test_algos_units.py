@@ -293,3 +293,47 @@ def test_token_logprobs_only_project_policy_positions(tiny):
     lp = token_logprobs(module.lm, ids, torch.ones_like(ids), mask)
     full = torch.log_softmax(module.lm(input_ids=ids).logits.float(), -1)
     assert torch.allclose(lp, full[0, 2:4].gather(-1, ids[0, 3:5, None]).squeeze(-1), atol=1e-5)
+
+
+def test_episode_from_a_restored_prefix_continues_there(tiny, env):
+    """ProVer's restarts: the replayed turns are gap context, the continuation's steps are
+    numbered after them and only they carry tokens."""
+    _, tok = tiny
+    chat = ChatFormat.from_tokenizer(tok)
+    limits = EpisodeLimits(max_new_tokens=64)
+    prefix = ["```python\nx = 41\n```"]
+    ep = Episode.from_prefix(env, chat, limits, env.unwrapped.task_ids[0], prefix)
+    assert ep.n_steps == 1 and set(ep.token_step) == {GAP}
+    [traj] = run_episodes([ep], ScriptedSampler(chat, ["```python\nprint(x + 1)\n```", "done"]), chat, limits)
+    assert [s.text for s in traj.steps] == prefix + ["```python\nprint(x + 1)\n```", "done"]
+    assert traj.steps[1].observation.strip() == "42"  # the restored state: x survived
+    assert traj.steps[0].n_tokens == 0 and traj.steps[1].n_tokens > 0
+    assert GAP not in {s for s in traj.token_step if s != GAP} and 1 not in traj.token_step
+
+
+def test_multi_turn_session_logprobs_equal_the_learners(tiny):
+    """The KV-cached session (prompt encoded once for the group, turns appended in chunks
+    of unequal length, finished rows dropped) gives every sampled token the log-prob the
+    learner computes on the plain sequence: ratio 1 before the first update, over turns."""
+    path, tok = tiny
+    module = make_module(path, temperature=0.9)
+    chat = ChatFormat.from_tokenizer(tok)
+    sampler = TorchSampler(module.lm, eos_ids=chat.eos_ids, pad_id=tok.pad_token_id, temperature=0.9)
+    limits = EpisodeLimits(max_new_tokens=10, max_response_tokens=400)
+    envs = [gym.make("draco_gym/PythonTools-v0", end_rule="task_completed", max_turns=3) for _ in range(3)]
+    try:
+        task = envs[0].unwrapped.task_ids[0]
+        episodes = [Episode.start(e, chat, limits, task_id=task) for e in envs]
+        stats = {}
+        trajs = run_episodes(episodes, sampler, chat, limits, seed=5, stats=stats)
+    finally:
+        for e in envs:
+            e.close()
+    assert max(len(t.steps) for t in trajs) >= 2, "the test needs multi-turn episodes"
+    assert stats["sampled_tokens"] == sum(s.n_tokens for t in trajs for s in t.steps)
+    for traj in trajs:
+        ids = torch.tensor([traj.token_ids])
+        mask = torch.tensor([[float(s != GAP) for s in traj.token_step]])
+        learner = token_logprobs(module.lm, ids, torch.ones_like(ids), mask, temperature=0.9)
+        sampled = torch.tensor([lp for lp, s in zip(traj.token_logprobs, traj.token_step) if s != GAP])
+        assert torch.allclose(learner, sampled, atol=1e-4), (learner - sampled).abs().max()
