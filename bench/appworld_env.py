@@ -70,7 +70,11 @@ class EngineInProcess:
 
     def close(self) -> None:
         self.process.stdin.close()
-        self.process.wait(30)
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:  # the engine's interpreter can linger at exit
+            self.process.kill()
+            self.process.wait(10)
 
 
 def env_episode(env: AppWorldEnv, task_id: str, blocks: list[str]) -> list[float]:

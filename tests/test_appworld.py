@@ -122,6 +122,10 @@ def test_task_completed_end_rule_and_max_turns(source):
         _, _, terminated, truncated, info = env.step(fence("print(1)"))
         assert truncated and not terminated and env.trajectory().termination == Termination.MAX_TURNS
         assert info["metrics"]["success"] is False
+        # completion reached indirectly still counts: the server watches the API call itself
+        env.reset(options={"task_id": "notes-tag-count_1"})
+        _, _, terminated, _, info = env.step(fence("getattr(apis.supervisor, 'complete' + '_task')(answer=3)"))
+        assert terminated and info["submitted"] and env.trajectory().termination == Termination.SUBMITTED
     finally:
         env.close()
 

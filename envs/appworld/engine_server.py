@@ -98,6 +98,7 @@ class Engine:
         self.sandbox = Sandbox()
         self.world = None
         self.task_id: str | None = None
+        self.completion_called = False
 
     def reset(self, task_id: str, timeout_s: int) -> dict:
         self.close()
@@ -108,6 +109,7 @@ class Engine:
             task_id=task_id, experiment_name=self.experiment_name, timeout_seconds=max(1, int(timeout_s))
         )
         self.world.shell.run_cell = self.sandbox.guard(self.world.shell.run_cell)
+        self._track(self.world.requester)
         self.task_id = task_id
         task = self.world.task
         supervisor = task.supervisor
@@ -123,11 +125,23 @@ class Engine:
 
     def execute(self, code: str) -> dict:
         world = self._require_world()
+        self.completion_called = False
         output = world.execute(code)
-        # Asking the supervisor app costs an API call (~10 ms, a fifth of a typical step);
-        # only a block that names complete_task can change the answer.
-        submitted = "complete_task" in code and bool(world.task_completed())
+        # Asking the supervisor app costs an API call (~10 ms, a third of a typical step), so
+        # it is asked only after a block that really called complete_task (seen by _track).
+        submitted = self.completion_called and bool(world.task_completed())
         return {"output": _clip(output, self.max_output_chars), "submitted": submitted}
+
+    def _track(self, requester) -> None:
+        """Note every call of supervisor.complete_task, however the agent's code reached it."""
+        request = requester._request
+
+        def tracked(_app_name, _api_name, *args, **kwargs):
+            if _app_name == "supervisor" and _api_name == "complete_task":
+                self.completion_called = True
+            return request(_app_name, _api_name, *args, **kwargs)
+
+        requester._request = tracked
 
     def evaluate(self) -> dict:
         world = self._require_world()

@@ -249,9 +249,9 @@ class ServerPool:
                     raise ServerError("the server pool has been shut down")
                 while self._idle:
                     server = self._idle.pop()
-                    if server.alive:
+                    if self._healthy(server):
                         return server
-                    server.stop()  # died while idle: drop it (and its scratch folder)
+                    server.stop()  # died or hung while idle: drop it (and its scratch folder)
                     self._all.remove(server)
                 if self.max_servers is None or len(self._all) < self.max_servers:
                     server = EnvServer(self.runtime, self.data_dir, name=f"appworld-{len(self._all) + 1}",
@@ -269,6 +269,13 @@ class ServerPool:
                 self._all.remove(server)
                 self._cond.notify()
             raise
+
+    @staticmethod
+    def _healthy(server: EnvServer) -> bool:
+        try:
+            return server.alive and server.health(timeout_s=5.0).get("ok", False)
+        except (ServerError, RemoteError):
+            return False
 
     def release(self, server: EnvServer) -> None:
         with self._cond:
