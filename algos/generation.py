@@ -192,7 +192,9 @@ class VLLMSampler:
             from vllm import LLM
         except ImportError as exc:  # pragma: no cover - depends on the machine
             raise ImportError("sampler 'vllm' needs vLLM: pip install 'draco-gym[vllm]' on a GPU machine") from exc
-        self.llm = LLM(model=model_path, enable_lora=True, max_lora_rank=max_lora_rank,
+        # Prefix caching does for vLLM what SamplingSession does for transformers: a turn's
+        # context is encoded once, not again at every turn.
+        self.llm = LLM(model=model_path, enable_lora=True, max_lora_rank=max_lora_rank, enable_prefix_caching=True,
                        gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len)
         self.eos_ids = list(eos_ids)
         self.temperature = float(temperature)

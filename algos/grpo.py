@@ -91,6 +91,7 @@ class GRPOConfig(AlgorithmConfig):
         # output
         self.output_dir: str | None = None  # rollouts.jsonl goes here when set
         self.sync_timeout_s = 300.0
+        self.restore_from: str | None = None  # a checkpoint to continue from (adapter, optimizer, iteration)
         # RLlib plumbing: our own runner, no policy copy in the driver
         self.env_runner_cls = LLMEnvRunner
         self.num_env_runners = 1
@@ -108,7 +109,7 @@ class GRPOConfig(AlgorithmConfig):
                  credit=NotProvided, credit_options=NotProvided, clip_low=NotProvided, clip_high=NotProvided,
                  dual_clip=NotProvided, kl_coeff=NotProvided, weight_decay=NotProvided,
                  micro_batch_tokens=NotProvided, recompute_old_logprobs=NotProvided, output_dir=NotProvided,
-                 **kwargs) -> GRPOConfig:
+                 restore_from=NotProvided, **kwargs) -> GRPOConfig:
         super().training(**kwargs)
         return self._set(group_size=group_size, tasks_per_iteration=tasks_per_iteration, task_ids=task_ids,
                          temperature=temperature, max_new_tokens=max_new_tokens,
@@ -117,7 +118,7 @@ class GRPOConfig(AlgorithmConfig):
                          credit_options=credit_options, clip_low=clip_low, clip_high=clip_high,
                          dual_clip=dual_clip, kl_coeff=kl_coeff, weight_decay=weight_decay,
                          micro_batch_tokens=micro_batch_tokens, recompute_old_logprobs=recompute_old_logprobs,
-                         output_dir=output_dir)
+                         output_dir=output_dir, restore_from=restore_from)
 
     def _set(self, **values) -> GRPOConfig:
         for key, value in values.items():
@@ -234,6 +235,12 @@ class GRPO(Algorithm):
             lambda runner: runner.task_ids(), local_env_runner=False)[0])
         if not self._task_ids:
             raise ValueError("the environment has no tasks to train on")
+        if self.config.restore_from:
+            # Inside Tune too: the trial starts from the checkpoint's adapter, optimizer state
+            # and iteration count, so the task draws and seeds continue where they left off.
+            self.restore_from_path(str(Path(self.config.restore_from).resolve()))
+            self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True,
+                                               timeout_seconds=self.config.sync_timeout_s)
 
     # -- one iteration -------------------------------------------------------------------------
 

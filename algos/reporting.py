@@ -67,7 +67,9 @@ class MetricsLog:
         self.path = self.dir / "metrics.jsonl"
         self.total = total_iterations
         self.echo = echo
-        self.rows: list[dict] = []
+        # A resumed run appends: its plots cover the earlier iterations too.
+        self.rows: list[dict] = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()] \
+            if self.path.exists() else []
 
     def add(self, result: dict[str, Any]) -> dict[str, Any]:
         row = compact(result)

@@ -27,6 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override a config key, e.g. --set rollout.group_size=4 (repeatable)")
     parser.add_argument("--iterations", type=int, help="override the number of iterations")
     parser.add_argument("--output-dir", help="override output_dir")
+    parser.add_argument("--resume", metavar="CHECKPOINT",
+                        help="continue from a checkpoint (adapter, optimizer, iteration count) up to `iterations`")
     parser.add_argument("--check", action="store_true", help="validate the config and exit")
 
 
@@ -46,7 +48,10 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         print(f"{args.config}: ok")
         return 0
-    return train(config)
+    if args.resume and not Path(args.resume).is_dir():
+        print(f"error: --resume {args.resume}: no such checkpoint directory", file=sys.stderr)
+        return 2
+    return train(config, resume=args.resume)
 
 
 def prepare(config, *, env_config: dict | None = None, task_ids: list[str] | None = None) -> list[str]:
@@ -84,7 +89,7 @@ def start_ray(config) -> None:
                                        "TOKENIZERS_PARALLELISM": "false"}})
 
 
-def train(config) -> int:
+def train(config, resume: str | None = None) -> int:
     import ray
     from ray import tune
 
@@ -93,14 +98,16 @@ def train(config) -> int:
 
     out = Path(config.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("metrics.jsonl", "rollouts.jsonl"):
-        (out / stale).unlink(missing_ok=True)
+    if resume is None:  # a resumed run appends to its metrics and rollouts
+        for stale in ("metrics.jsonl", "rollouts.jsonl"):
+            (out / stale).unlink(missing_ok=True)
     try:
         task_ids = prepare(config, task_ids=config.env.task_ids)
     except (ValueError, TypeError, FileNotFoundError, ModuleNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    algo_config = to_algorithm_config(config, output_dir=str(out)).training(task_ids=task_ids)
+    algo_config = to_algorithm_config(config, output_dir=str(out)).training(
+        task_ids=task_ids, restore_from=str(Path(resume).resolve()) if resume else None)
     log = MetricsLog(out, config.iterations)
     print(f"training {config.name}: {config.iterations} iterations x {config.rollout.tasks_per_iteration} tasks x "
           f"G={config.rollout.group_size} on {len(task_ids)} tasks; output in {out}", flush=True)

@@ -137,11 +137,14 @@ def lora_state_from_checkpoint(ckpt) -> dict:
 def test_tune_runs_one_iteration(ray_session, tiny_model, tmp_path):
     from ray import tune
 
-    config = make_config(tiny_model, tmp_path / "run").training(minibatch_size=3)
+    # Also the vLLM path's learner side: old log-probs recomputed on the learner.
+    config = make_config(tiny_model, tmp_path / "run").training(minibatch_size=None, recompute_old_logprobs=True)
     results = tune.Tuner("GRPO", param_space=config, run_config=tune.RunConfig(
         stop={"training_iteration": 1}, storage_path=str(tmp_path / "tune"), verbose=0)).fit()
     assert not results.errors
     result = results[0]
     assert result.metrics["training_iteration"] == 1
     assert result.metrics["num_trajectories"] == 6
-    assert result.metrics["learners"]["default_policy"]["policy_tokens"] > 0
+    learner = result.metrics["learners"]["default_policy"]
+    assert learner["policy_tokens"] > 0
+    assert learner["ratio"] == pytest.approx(1.0, abs=1e-4)

@@ -1,0 +1,68 @@
+"""``draco-gym train`` then ``draco-gym eval`` end to end, as a user runs them: a YAML file,
+a tiny random Llama, the PythonTools environment, Ray and Tune started by the command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from draco_gym.algos.models import build_tiny_llama
+from draco_gym.cli import main
+
+
+@pytest.mark.slow
+def test_train_then_eval_leave_every_artifact(tmp_path, capsys):
+    model = build_tiny_llama(tmp_path / "tiny")
+    out = tmp_path / "run"
+    config = {
+        "name": "cli",
+        "output_dir": str(out),
+        "iterations": 2,
+        "env": {"id": "draco_gym/PythonTools-v0", "config": {"max_turns": 2}},
+        "policy": {"model": str(model), "lora": {"r": 4, "alpha": 8}},
+        "rollout": {"group_size": 2, "tasks_per_iteration": 1, "max_new_tokens": 8, "max_response_tokens": 64},
+        "reward": {"name": "rule"},
+        "credit": {"name": "draco"},
+        "optim": {"minibatch_size": None},
+        "resources": {"ray_num_cpus": 2, "object_store_memory_mb": 80},
+        "eval": {"max_tasks": 2, "episodes_per_task": 2, "temperature": 1.0, "score": True},
+    }
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+
+    assert main(["train", str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert "[iter 1/2]" in printed and "[iter 2/2]" in printed
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["training_iteration"] for r in rows] == [1, 2]
+    assert {"reward_mean", "rubric_pass_rate", "time/learner", "learner/kl"} <= set(rows[0])
+    assert (out / "plots" / "rubric_pass_rate.png").stat().st_size > 1000
+    assert (out / "plots" / "termination_modes.png").stat().st_size > 1000
+    assert list((out / "tune").rglob("events.out.tfevents*")), "no TensorBoard events"
+    assert len((out / "rollouts.jsonl").read_text().splitlines()) == 4
+    assert (out / "checkpoint").is_dir()
+
+    # Resume: one more iteration from the final checkpoint, appended to the same metrics.
+    assert main(["train", str(path), "--resume", str(out / "checkpoint"), "--iterations", "3"]) == 0
+    assert "[iter 3/3]" in capsys.readouterr().out
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["training_iteration"] for r in rows] == [1, 2, 3]
+    assert len((out / "rollouts.jsonl").read_text().splitlines()) == 6
+
+    assert main(["eval", str(path), "--checkpoint", str(out / "checkpoint")]) == 0
+    summary = json.loads((out / "eval" / "summary.json").read_text())
+    assert summary["tasks"] == 2 and summary["episodes"] == 4
+    assert {"success_rate", "pass@1", "pass@2", "pass^2", "reward_mean", "termination"} <= set(summary)
+    assert len((out / "eval" / "rollouts.jsonl").read_text().splitlines()) == 4
+
+
+def test_eval_metrics_by_hand():
+    from draco_gym.algos.eval_cli import pass_at_k, pass_hat_k
+
+    # 4 episodes, 1 success: pass@2 = 1 - C(3,2)/C(4,2) = 1/2; pass^2 = C(1,2)/C(4,2) = 0
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)
+    assert pass_hat_k(4, 1, 2) == 0.0
+    assert pass_hat_k(4, 3, 2) == pytest.approx(3 / 6)
+    assert pass_at_k(4, 4, 1) == 1.0 and pass_hat_k(4, 0, 1) == 0.0
