@@ -88,6 +88,7 @@ def plot_run(rows: list[dict], out_dir: str | Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -100,6 +101,7 @@ def plot_run(rows: list[dict], out_dir: str | Path) -> list[Path]:
     if any(r.get("env/success") is not None for r in rows):
         ax.plot(its, [r.get("env/success") or 0 for r in rows], marker="x", linestyle=":", label="env success")
     ax.set_xlabel("iteration")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title("Rubric pass rate")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
@@ -115,6 +117,7 @@ def plot_run(rows: list[dict], out_dir: str | Path) -> list[Path]:
         ax.legend(loc="upper left", fontsize=8)
     ax.set_ylim(0, 1)
     ax.set_xlabel("iteration")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("share of rollouts")
     ax.set_title("Termination modes")
     fig.tight_layout()
