@@ -324,8 +324,10 @@ class GRPO(Algorithm):
         pad = 0
         arrays = token_batch(rows, advantages, pad_id=pad)
         if cfg.recompute_old_logprobs or (cfg.recompute_old_logprobs is None and cfg.sampler == "vllm"):
-            arrays["old_logp"] = self.learner_group.foreach_learner(
-                lambda learner, b=arrays: learner.policy_logprobs(b, DEFAULT_MODULE_ID))[0]
+            results = self.learner_group.foreach_learner(
+                lambda learner, b=arrays: learner.policy_logprobs(b, DEFAULT_MODULE_ID))
+            first = next(iter(results))  # a list (local learner) or RemoteCallResults
+            arrays["old_logp"] = first.get() if hasattr(first, "get") else first
         size = cfg.minibatch_size or len(rows)
         results = []
         for epoch in range(cfg.num_epochs):
@@ -385,10 +387,12 @@ class GRPO(Algorithm):
                                           group_size=group_size) for g in out["groups"]]
 
 
-def _register() -> None:
+def register_with_tune() -> None:
+    """Make ``tune.Tuner("GRPO", ...)`` work. Done on import; again after a new ``ray.init``
+    in the same process, since Tune keeps its registry in the Ray session."""
     from ray.tune.registry import register_trainable
 
     register_trainable("GRPO", GRPO)
 
 
-_register()
+register_with_tune()

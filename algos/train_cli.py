@@ -93,6 +93,7 @@ def train(config, resume: str | None = None) -> int:
     import ray
     from ray import tune
 
+    from draco_gym.algos.grpo import register_with_tune
     from draco_gym.algos.reporting import MetricsLog
     from draco_gym.config import to_algorithm_config
 
@@ -114,6 +115,7 @@ def train(config, resume: str | None = None) -> int:
     t0 = time.time()
     start_ray(config)
     try:
+        register_with_tune()
         tuner = tune.Tuner("GRPO", param_space=algo_config, run_config=tune.RunConfig(
             name="tune", storage_path=str(out), stop={"training_iteration": config.iterations}, verbose=0,
             callbacks=[_Progress(log)],
