@@ -5,8 +5,10 @@
      no client, no HTTP: the floor;
    - env: ``AppWorldEnv.step(message)``: find the block, send it to the environment server
      over localhost HTTP, the same ``execute`` there, record the step.
-   Both run every episode from a fresh task load; their episodes alternate (engine, env,
-   engine, env, ...) so machine load hits both alike. Each step keeps its minimum over
+   - engine+sandbox: the first with the server's audit-hook sandbox installed, to show what
+     the extra safety costs apart from the transport.
+   All run every episode from a fresh task load; their episodes alternate so machine load
+   hits them alike. Each step keeps its minimum over
    ``--repeats`` episodes (as ``timeit`` advises on a shared machine); the figures are sums of
    those minima. Goal: env/engine <= 1.10.
 2. Server start-up: process start until /health answers, the first task load, and a later
@@ -29,6 +31,7 @@ from pathlib import Path
 
 from draco_gym.envs.appworld import AppWorldEnv, AppWorldRuntime, EnvServer, ServerPool, ensure_offline_suite
 from draco_gym.envs.appworld.runtime import print_progress
+from draco_gym.envs.appworld.server import ENGINE_SCRIPT
 
 GOAL = 1.10
 
@@ -37,9 +40,16 @@ ENGINE_LOOP = textwrap.dedent("""
     from appworld import AppWorld
     # a world freezes the clock (freezegun patches time.perf_counter too): use the raw clock
     clock = lambda: time.clock_gettime(time.CLOCK_MONOTONIC)
+    sandbox = None
+    if len(sys.argv) > 1:  # the server's audit-hook sandbox, alone
+        sys.path.insert(0, sys.argv[1])
+        from engine_server import Sandbox
+        sandbox = Sandbox()
     for line in sys.stdin:
         job = json.loads(line)
         world = AppWorld(task_id=job["task_id"], experiment_name="bench_engine", timeout_seconds=30)
+        if sandbox is not None:
+            world.shell.run_cell = sandbox.guard(world.shell.run_cell)
         times = []
         for code in job["blocks"]:
             started = clock()
@@ -57,9 +67,10 @@ def fence(code: str) -> str:
 class EngineInProcess:
     """A long-lived runtime process that runs episodes with ``AppWorld`` directly."""
 
-    def __init__(self, runtime: AppWorldRuntime, root: Path) -> None:
+    def __init__(self, runtime: AppWorldRuntime, root: Path, sandbox: bool = False) -> None:
+        extra = [str(ENGINE_SCRIPT.parent)] if sandbox else []
         self.process = subprocess.Popen(
-            [str(runtime.python), "-c", ENGINE_LOOP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [str(runtime.python), "-c", ENGINE_LOOP, *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True, env=runtime.subprocess_env(root), cwd=str(root),
         )
 
@@ -102,24 +113,41 @@ def bench_latency(source, runtime, tasks: list[str], repeats: int, scratch: Path
     if not link.exists():
         link.symlink_to(source.data_dir)
     engine = EngineInProcess(runtime, scratch)
+    sandboxed = EngineInProcess(runtime, scratch, sandbox=True)
     env = AppWorldEnv("train", data_root=source.data_dir, show_progress=False)
-    best = {"engine": {}, "env": {}}
+    best = {"engine": {}, "engine+sandbox": {}, "env": {}}
     try:
         for r in range(repeats):
             for task_id in tasks:
                 blocks = source.ground_truth_file(task_id, "reference_solution.json")
-                for name, run in (("engine", engine.episode), ("env", lambda t, b: env_episode(env, t, b))):
+                for name, run in (("engine", engine.episode), ("engine+sandbox", sandboxed.episode),
+                                  ("env", lambda t, b: env_episode(env, t, b))):
                     times = run(task_id, blocks)
                     previous = best[name].get(task_id, [float("inf")] * len(times))
                     best[name][task_id] = [min(a, b) for a, b in zip(previous, times)]
             print(f"  latency repeat {r + 1}/{repeats} done", flush=True)
     finally:
         engine.close()
+        sandboxed.close()
         env.close()
-    totals = {name: sum(sum(v) for v in per_task.values()) for name, per_task in best.items()}
+    # The step that calls complete_task also pays the env's completion check (one supervisor
+    # API call, which the bare execute does not make): reported apart as well.
+    completing = {t: ["complete_task" in b for b in source.ground_truth_file(t, "reference_solution.json")] for t in tasks}
+
+    def total(name: str, which) -> float:
+        return sum(x for t, v in best[name].items() for x, c in zip(v, completing[t]) if which(c))
+
     steps = sum(len(v) for v in best["env"].values())
-    return {"steps": steps, "engine_ms_per_step": 1000 * totals["engine"] / steps,
-            "env_ms_per_step": 1000 * totals["env"] / steps, "ratio": totals["env"] / totals["engine"]}
+    other = sum(not c for v in completing.values() for c in v)
+    return {
+        "steps": steps, "engine_ms_per_step": 1000 * total("engine", lambda c: True) / steps,
+        "env_ms_per_step": 1000 * total("env", lambda c: True) / steps,
+        "ratio": total("env", lambda c: True) / total("engine", lambda c: True),
+        "other_steps": other, "ratio_other": total("env", lambda c: not c) / total("engine", lambda c: not c),
+        "ratio_completing": total("env", bool) / total("engine", bool),
+        "sandbox_ratio": total("engine+sandbox", lambda c: True) / total("engine", lambda c: True),
+        "env_vs_sandboxed": total("env", lambda c: True) / total("engine+sandbox", lambda c: True),
+    }
 
 
 def bench_startup(source, runtime, starts: int = 3) -> dict:
@@ -177,7 +205,7 @@ def bench_throughput(source, runtime, tasks: list[str], episodes: int, n_servers
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=6, help="train tasks for the latency and throughput runs")
-    parser.add_argument("--repeats", type=int, default=5, help="episodes per task and path (minimum kept)")
+    parser.add_argument("--repeats", type=int, default=7, help="episodes per task and path (minimum kept)")
     parser.add_argument("--episodes", type=int, default=12, help="episodes per throughput run")
     args = parser.parse_args()
 
@@ -190,7 +218,11 @@ def main() -> None:
     latency = bench_latency(source, runtime, tasks, args.repeats, runtime.home / "bench-scratch")
     print(f"step latency over {latency['steps']} steps: engine {latency['engine_ms_per_step']:.1f} ms/step, "
           f"env {latency['env_ms_per_step']:.1f} ms/step, env/engine {latency['ratio']:.3f} "
-          f"(goal <= {GOAL}: {'met' if latency['ratio'] <= GOAL else 'NOT met'})")
+          f"(goal <= {GOAL}: {'met' if latency['ratio'] <= GOAL else 'NOT met'}); "
+          f"{latency['other_steps']} steps without complete_task {latency['ratio_other']:.3f}, "
+          f"the {latency['steps'] - latency['other_steps']} completing steps {latency['ratio_completing']:.3f}")
+    print(f"  of which the audit-hook sandbox alone (engine+sandbox / engine): {latency['sandbox_ratio']:.3f}; "
+          f"env / engine+sandbox (transport, client, completion check): {latency['env_vs_sandboxed']:.3f}")
     startup = bench_startup(source, runtime)
     print(f"server start to /health: {startup['start_s']:.2f} s (max {startup['start_s_max']:.2f} s of 3); "
           f"first task load: {startup['first_load_s']:.2f} s, next (warm server): {startup['warm_load_s']:.2f} s; RSS per server after an episode: {startup['rss_mb']:.0f} MB")

@@ -141,6 +141,10 @@ def test_check_env_passes(env):
 HOSTILE = {
     "os.system": "import os\nos.system('touch {marker}')",
     "subprocess": "import subprocess\nsubprocess.run(['touch', '{marker}'])",
+    # AppWorld's own guard lets these through (seen on 0.1.3.post1); the server's audit hook stops them
+    "posix.system bypass": "__import__('posix').system('touch {marker}')",
+    "posix.mkdir bypass": "__import__('posix').mkdir('{marker}')",
+    "_io write bypass": "__import__('_io').FileIO('{marker}', 'w')",
     "file write": "open('{marker}', 'w').write('x')",
     "socket": "import socket\ns = socket.socket()\ns.connect(('127.0.0.1', 9))",
     "syntax error": "def broken(:\n    pass",
