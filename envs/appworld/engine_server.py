@@ -35,10 +35,12 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 
 class Sandbox:
-    """A second wall behind AppWorld's safety guard, which misses some routes (e.g.
-    ``pathlib.Path.write_text``): while agent code runs, an audit hook refuses the
-    operations that could touch the host, whatever module they come from. It is switched
-    on only around the agent's cell, so the engine's own state saving is unaffected."""
+    """A second wall behind AppWorld's safety guard, which patches module functions and so
+    misses other routes to the same system calls (``__import__('posix').system(...)`` runs
+    on 0.1.3.post1): while agent code runs, an audit hook refuses the operations that could
+    touch the host, whatever module they come from. It is switched on only around the
+    agent's cell, so the engine's own state saving is unaffected. Cost: the hook is called
+    on every audit event of the process, about 10% of a step (bench/appworld_env.py)."""
 
     BLOCKED = {
         "os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
