@@ -259,7 +259,7 @@ def test_no_orphan_when_the_owner_is_killed(source, tmp_path):
         from draco_gym.envs.appworld import AppWorldEnv
         env = AppWorldEnv("train", data_root={str(source.data_dir)!r}, show_progress=False)
         env.reset(options={{"task_id": "photo-count_1"}})
-        open({str(pid_file)!r}, "w").write(str(env._server.process.pid))
+        open({str(pid_file)!r}, "w").write(str(env._server.process.pid) + " " + str(env._server._workdir))
         import time; time.sleep(600)
     """)
     owner = subprocess.Popen([sys.executable, "-c", script])
@@ -268,7 +268,8 @@ def test_no_orphan_when_the_owner_is_killed(source, tmp_path):
         while not pid_file.exists():
             assert owner.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
-        server_pid = int(pid_file.read_text())
+        pid_text, scratch = pid_file.read_text().split()
+        server_pid = int(pid_text)
         os.kill(server_pid, 0)
         owner.kill()  # SIGKILL: no atexit runs; the server's watchdog must notice
         owner.wait(10)
@@ -282,6 +283,7 @@ def test_no_orphan_when_the_owner_is_killed(source, tmp_path):
         else:
             os.kill(server_pid, signal.SIGKILL)
             pytest.fail("the server outlived its owner")
+        assert not Path(scratch).exists(), "the orphaned server left its scratch folder behind"
     finally:
         if owner.poll() is None:
             owner.kill()

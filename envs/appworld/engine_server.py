@@ -233,12 +233,21 @@ def make_handler(engine: Engine):
     return Handler
 
 
-def _watch_parent(parent_pid: int) -> None:
+def _watch_parent(parent_pid: int, scratch: str | None) -> None:
     """Exit as soon as the process that started us is gone (we got re-parented)."""
     while True:
         if os.getppid() != parent_pid:
+            _remove_scratch(scratch)
             os._exit(0)
         time.sleep(0.5)
+
+
+def _remove_scratch(scratch: str | None) -> None:
+    """Delete our private APPWORLD_ROOT (only ever a folder the parent made for us)."""
+    if scratch and os.path.basename(scratch.rstrip("/")).startswith("draco-appworld-"):
+        import shutil
+
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def main() -> None:
@@ -248,9 +257,10 @@ def main() -> None:
     parser.add_argument("--experiment", default="draco_gym")
     parser.add_argument("--memory-limit-mb", type=int, default=4096)
     parser.add_argument("--max-output-chars", type=int, default=200_000)
+    parser.add_argument("--scratch", default=None, help="private folder to delete on exit, even when orphaned")
     args = parser.parse_args()
 
-    threading.Thread(target=_watch_parent, args=(args.parent_pid,), daemon=True).start()
+    threading.Thread(target=_watch_parent, args=(args.parent_pid, args.scratch), daemon=True).start()
     if args.memory_limit_mb > 0:
         limit = args.memory_limit_mb * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -266,6 +276,7 @@ def main() -> None:
         server.serve_forever(poll_interval=0.2)
     finally:
         engine.close()
+        _remove_scratch(args.scratch)
         sys.stdout.flush()
 
 

@@ -105,6 +105,7 @@ class EnvServer:
             "--parent-pid", str(os.getpid()),
             "--experiment", "draco_gym",
             "--memory-limit-mb", str(self.memory_limit_mb),
+            "--scratch", str(self._workdir),
         ]
         try:
             self.process = subprocess.Popen(
