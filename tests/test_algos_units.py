@@ -337,3 +337,25 @@ def test_multi_turn_session_logprobs_equal_the_learners(tiny):
         learner = token_logprobs(module.lm, ids, torch.ones_like(ids), mask, temperature=0.9)
         sampled = torch.tensor([lp for lp, s in zip(traj.token_logprobs, traj.token_step) if s != GAP])
         assert torch.allclose(learner, sampled, atol=1e-4), (learner - sampled).abs().max()
+
+
+def test_policy_judge_answers_with_the_policy_and_plugs_into_the_dynamic_reward(tiny):
+    """The self-judge: a reward built with ``judge: policy`` gets this runner's policy."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from draco_gym.algos.policy_judge import PolicyJudge, build_trainer_reward
+    from draco_gym.reward import DynamicRubricReward
+
+    path, tok = tiny
+    module = make_module(path)
+    chat = ChatFormat.from_tokenizer(tok)
+    runner = SimpleNamespace(tokenizer=tok, module=module, chat=chat,
+                             sampler=TorchSampler(module.lm, eos_ids=chat.eos_ids, pad_id=tok.pad_token_id),
+                             config=SimpleNamespace(policy_model=str(path)))
+    judge = PolicyJudge(runner)
+    reply = asyncio.run(judge.complete([{"role": "user", "content": "Score this."}], max_tokens=6, temperature=1.0))
+    assert reply.prompt_tokens > 0 and 1 <= reply.completion_tokens <= 6 and isinstance(reply.text, str)
+    reward = build_trainer_reward("dynamic", {"judge": "policy", "self_judge": True}, runner)
+    assert isinstance(reward, DynamicRubricReward)
+    assert isinstance(reward.client.judge, PolicyJudge) and reward.client.judge.runner is runner
