@@ -180,16 +180,10 @@ class CodeStepEnv(gym.Env[str, str]):
         return self._task.agent_prompt, {"task_id": self._task.id}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        if self._task is None:
-            raise gym.error.ResetNeeded("call reset() before step()")
-        if self._termination is not None:
-            raise gym.error.ResetNeeded(f"the episode has ended ({self._termination}); call reset()")
-
-        index = len(self._steps) + 1
+        index = self._begin_step()
         parsed = parse_message(action, multi_block=self.multi_block, languages=self.languages)
-        info: dict[str, Any] = {"task_id": self._task.id, "step": index, "parse": parsed.to_info()}
-        text = action if isinstance(action, str) else repr(action)
-        terminated = False
+        info: dict[str, Any] = {"task_id": self.task.id, "step": index, "parse": parsed.to_info()}
+        termination = None
 
         if parsed.code is not None:
             execution = self._execute(parsed.code)
@@ -197,25 +191,49 @@ class CodeStepEnv(gym.Env[str, str]):
             info["exec_error"] = execution.error
             self._counts["exec_errors"] += execution.error is not None
             if execution.fatal:
-                terminated, self._termination = True, Termination.ENV_ERROR
+                termination = Termination.ENV_ERROR
             elif execution.submitted and self.end_rule == "task_completed":
-                terminated, self._termination = True, Termination.SUBMITTED
+                termination = Termination.SUBMITTED
             if execution.submitted:
                 info["submitted"] = True
         elif parsed.error is not None:
             self._counts["parse_errors"] += 1
             observation = f"Error: {parsed.error}."
         elif self.end_rule == "no_code":
-            observation = ""
-            terminated, self._termination = True, Termination.NO_CODE
+            observation, termination = "", Termination.NO_CODE
         else:
             self._counts["parse_errors"] += 1
             observation = "Error: no code block found. Put the code to run in one ```python block."
+        return self._record_step(index, action, parsed.code, observation, info, termination)
 
-        self._steps.append(Step(index=index, text=text, code=parsed.code, observation=observation, info=info))
-        truncated = not terminated and index >= self.max_turns
-        if truncated:
-            self._termination = Termination.MAX_TURNS
+    # -- pieces of a step, for subclasses whose action is not a code block to run ----------
+
+    def _begin_step(self) -> int:
+        """Check that a step may be taken; returns its 1-based index."""
+        if self._task is None:
+            raise gym.error.ResetNeeded("call reset() before step()")
+        if self._termination is not None:
+            raise gym.error.ResetNeeded(f"the episode has ended ({self._termination}); call reset()")
+        return len(self._steps) + 1
+
+    def _record_step(
+        self,
+        index: int,
+        action: Any,
+        code: str | None,
+        observation: str,
+        info: dict[str, Any],
+        termination: str | None = None,
+        truncation: str | None = None,
+    ) -> tuple[str, float, bool, bool, dict]:
+        """Append the step, apply the turn budget, and at the episode's end evaluate it and
+        attach the trajectory; returns Gymnasium's step tuple."""
+        text = action if isinstance(action, str) else repr(action)
+        self._steps.append(Step(index=index, text=text, code=code, observation=observation, info=info))
+        if termination is None and truncation is None and index >= self.max_turns:
+            truncation = Termination.MAX_TURNS
+        self._termination = termination or truncation
+        terminated, truncated = termination is not None, termination is None and truncation is not None
         if terminated or truncated:
             self._metrics = self._safe_evaluate()
             info["metrics"] = self._metrics

@@ -598,7 +598,7 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
             note_id = [n for n in found if n["title"] == "{title}"][0]["note_id"]
             content = apis.simple_note.show_note(access_token=simple_note_token, note_id=note_id)["content"]
         """).strip()
-        write = f'print(apis.file_system.create_file(access_token=file_system_token, file_path="{{}}", content=content))'
+        write = 'print(apis.file_system.create_file(access_token=file_system_token, file_path="{}", content=content))'
         variants.append(TaskSpec(
             f"Copy my '{title}' note from Simple Note into a new file ~/documents/{name}.txt in my file system.", None,
             {"path": f"{world.home}documents/{name}.txt", "content": content},

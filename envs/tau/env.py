@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import gymnasium as gym
 
 from draco_gym.codeblock import MultiBlockPolicy
 from draco_gym.envs.base import CodeStepEnv, truncate_middle
@@ -35,7 +34,7 @@ from draco_gym.envs.tau.conversation import (
     render_lines,
 )
 from draco_gym.envs.tau.users import User, UserContext, make_user
-from draco_gym.types import Step, Task, Termination
+from draco_gym.types import Task, Termination
 
 
 class TauBenchEnv(CodeStepEnv):
@@ -131,15 +130,11 @@ class TauBenchEnv(CodeStepEnv):
         return observation, {**info, "user": self.user.describe()}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        if self._task is None:
-            raise gym.error.ResetNeeded("call reset() before step()")
-        if self._termination is not None:
-            raise gym.error.ResetNeeded(f"the episode has ended ({self._termination}); call reset()")
-        index = len(self._steps) + 1
-        info: dict[str, Any] = {"task_id": self._task.id, "step": index}
+        index = self._begin_step()
+        info: dict[str, Any] = {"task_id": self.task.id, "step": index}
         turn = self.conversation.act("assistant", action)
         info.update(turn.info)
-        termination, observation = None, turn.observation
+        termination, truncation, observation = None, None, turn.observation
         if turn.kind == "error":
             self._counts["parse_errors"] += 1
         elif turn.kind == "tool":
@@ -148,24 +143,14 @@ class TauBenchEnv(CodeStepEnv):
             termination = Termination.SUBMITTED if "tool_call" in turn.info else "agent_stop"
         else:
             termination, observation = self._user_reply(turn.message or "", info)
-        truncated = False
         if termination is None:
             limit = self.conversation.limit_reached()
             if limit == "too_many_errors":
                 termination = limit
-            elif limit == "max_steps" or index >= self.max_turns:
-                truncated, self._termination = True, limit or Termination.MAX_TURNS
-        terminated = termination is not None
-        if terminated:
-            self._termination = termination
+            elif limit == "max_steps":
+                truncation = limit
         observation = truncate_middle(observation, self.max_observation_chars)
-        text = action if isinstance(action, str) else repr(action)
-        self._steps.append(Step(index=index, text=text, code=info.get("tool_call"), observation=observation, info=info))
-        if terminated or truncated:
-            self._metrics = self._safe_evaluate()
-            info["metrics"] = self._metrics
-            info["trajectory"] = self.trajectory()
-        return observation, 0.0, terminated, truncated, info
+        return self._record_step(index, action, info.get("tool_call"), observation, info, termination, truncation)
 
     def _user_reply(self, message: str, info: dict[str, Any]) -> tuple[str | None, str]:
         """Send the agent's message to the customer; returns (termination or None, observation)."""
