@@ -13,8 +13,9 @@ import argparse
 import json
 import sys
 from collections import Counter
-from math import comb
 from pathlib import Path
+
+from draco_gym.metrics import pass_at_k, pass_hat_k
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,16 +24,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a checkpoint directory written by draco-gym train, or 'base' for the base model")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     parser.add_argument("--output-dir", help="where eval/ goes (default: the config's output_dir)")
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """P(at least one of k episodes drawn from n succeeds), c of n succeeded."""
-    return 1.0 - comb(n - c, k) / comb(n, k)
-
-
-def pass_hat_k(n: int, c: int, k: int) -> float:
-    """P(all k episodes drawn from n succeed): tau-bench's pass^k."""
-    return comb(c, k) / comb(n, k)
 
 
 def summarize(groups: list[dict], success_metric: str) -> dict:
@@ -65,8 +56,8 @@ def summarize(groups: list[dict], success_metric: str) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     import ray
-
     from draco_gym.algos.train_cli import prepare, start_ray
+
     from draco_gym.config import ConfigError, load_config, to_algorithm_config
 
     overrides = list(args.set) + ([f"output_dir={args.output_dir}"] if args.output_dir else [])

@@ -105,3 +105,15 @@ def test_invalid_verdicts():
         Verdict(criterion="a", score=1, cited_steps=[0])
     with pytest.raises(ValidationError, match="reward must be finite"):
         TrajectoryScore(reward=float("nan"))
+
+
+def test_pass_at_k_and_pass_hat_k_by_hand():
+    from draco_gym.metrics import pass_at_k, pass_hat_k
+
+    # 4 episodes, 3 successes, k = 2: pass^2 = C(3,2)/C(4,2) = 1/2; pass@2 = 1 - C(1,2)/C(4,2) = 1
+    assert pass_hat_k(4, 3, 2) == pytest.approx(0.5) and pass_at_k(4, 3, 2) == 1.0
+    assert pass_hat_k(4, 1, 1) == pass_at_k(4, 1, 1) == 0.25
+    with pytest.raises(ValueError, match="k must be within 1..4"):
+        pass_hat_k(4, 1, 5)
+    with pytest.raises(ValueError, match="successes must be within 0..4"):
+        pass_at_k(4, 5, 1)

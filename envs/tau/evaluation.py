@@ -14,10 +14,10 @@ function all fit.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from math import comb
 from typing import Any
 
 from draco_gym.envs.tau.env import TauBenchEnv
+from draco_gym.metrics import pass_hat_k as task_pass_hat_k
 
 Policy = Callable[[list[dict[str, str]]], str]
 
@@ -102,7 +102,7 @@ def pass_hat_k(results: Mapping[str, Sequence[Any]], k: int) -> float:
         wins = _successes(runs)
         if len(wins) < k:
             raise ValueError(f"pass^{k} needs at least {k} runs per task; task {task_id!r} has {len(wins)}")
-        total += comb(sum(wins), k) / comb(len(wins), k)
+        total += task_pass_hat_k(len(wins), sum(wins), k)
     return total / len(results)
 
 

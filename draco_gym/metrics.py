@@ -1,0 +1,27 @@
+"""Unbiased estimators over repeated episodes of one task, shared by every evaluation.
+
+With n episodes of a task of which c succeeded:
+    pass@k  P(at least one of k episodes drawn without replacement succeeds)
+    pass^k  P(all k of them succeed): tau-bench's consistency metric; pass^1 is SR
+"""
+
+from __future__ import annotations
+
+from math import comb
+
+
+def _check(n: int, c: int, k: int) -> None:
+    if not 0 <= c <= n:
+        raise ValueError(f"successes must be within 0..{n} episodes, got {c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"k must be within 1..{n} (the episodes of the task), got {k}")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    _check(n, c, k)
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def pass_hat_k(n: int, c: int, k: int) -> float:
+    _check(n, c, k)
+    return comb(c, k) / comb(n, k)
