@@ -9,21 +9,8 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from draco_gym.algos.grpo import GRPOConfig  # noqa: E402
-from draco_gym.algos.models import build_tiny_llama  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return build_tiny_llama(tmp_path_factory.mktemp("tiny"))
 
 
 def config(model, credit, **options) -> GRPOConfig:

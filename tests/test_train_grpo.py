@@ -17,7 +17,6 @@ ray = pytest.importorskip("ray")
 import ray.cloudpickle  # noqa: E402
 
 from draco_gym.algos.grpo import GRPO, GRPOConfig  # noqa: E402
-from draco_gym.algos.models import build_tiny_llama  # noqa: E402
 from draco_gym.reward import RubricReward  # noqa: E402
 from draco_gym.types import Criterion, GroupScore, TrajectoryScore, Verdict  # noqa: E402
 
@@ -38,18 +37,6 @@ class ParityReward(RubricReward):
                                 cited_steps=[s.index]) for s in traj.steps]
             scores.append(TrajectoryScore.from_verdicts(verdicts))
         return GroupScore(criteria=[Criterion(title="even")], scores=scores)
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return build_tiny_llama(tmp_path_factory.mktemp("tiny"))
 
 
 def make_config(model, out_dir) -> GRPOConfig:
