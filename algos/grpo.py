@@ -386,11 +386,21 @@ class GRPO(Algorithm):
                                           group_size=group_size) for g in out["groups"]]
 
 
+def _grpo_with_default_config():
+    return GRPO, GRPO.get_default_config()
+
+
 def register_with_tune() -> None:
-    """Make ``tune.Tuner("GRPO", ...)`` work. Done on import; again after a new ``ray.init``
-    in the same process, since Tune keeps its registry in the Ray session."""
+    """Make ``tune.Tuner("GRPO", ...)`` work, in this Ray session and in every later one.
+
+    Tune keeps its trainables in the Ray session, so a plain ``register_trainable`` is lost
+    after ``ray.shutdown()``; RLlib re-registers the algorithms of its own table whenever
+    Tune meets an unknown name, so GRPO joins that table too.
+    """
+    from ray.rllib.algorithms.registry import ALGORITHMS
     from ray.tune.registry import register_trainable
 
+    ALGORITHMS.setdefault("GRPO", _grpo_with_default_config)
     register_trainable("GRPO", GRPO)
 
 
