@@ -318,8 +318,9 @@ def check_scores(answer: ScoreAnswer, titles: list[str]) -> list[ScoreItem]:
     return _match_titles(answer.verdicts, titles)
 
 
-def check_attributions(answer: AttributeAnswer, titles: list[str], n_steps: int) -> list[AttributionItem]:
-    ordered = _match_titles(answer.attributions, titles)
+def _cited_in_title_order(items: list, titles: list[str], n_steps: int) -> list:
+    """Items in ``titles`` order, each PASS/FAIL citing steps within 1..n_steps."""
+    ordered = _match_titles(items, titles)
     errors = []
     for title, item in zip(titles, ordered, strict=True):
         errors += _citation_errors(item.verdict, item.steps, n_steps, title)
@@ -328,13 +329,12 @@ def check_attributions(answer: AttributeAnswer, titles: list[str], n_steps: int)
     return ordered
 
 
+def check_attributions(answer: AttributeAnswer, titles: list[str], n_steps: int) -> list[AttributionItem]:
+    return _cited_in_title_order(answer.attributions, titles, n_steps)
+
+
 def check_fused(answer: FusedAnswer, titles: list[str], n_steps: int) -> list[Verdict]:
-    ordered = _match_titles(answer.verdicts, titles)
-    errors = []
-    for title, item in zip(titles, ordered, strict=True):
-        errors += _citation_errors(item.verdict, item.steps, n_steps, title)
-    if errors:
-        raise InvalidAnswer(errors)
+    ordered = _cited_in_title_order(answer.verdicts, titles, n_steps)
     return [
         Verdict(
             criterion=title,
