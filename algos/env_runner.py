@@ -3,8 +3,8 @@
 RLlib's stock ``SingleAgentEnvRunner`` cannot serve here: it treats a ``Text`` observation
 as a sequence and splits it into characters, and it cannot choose the task at reset. This
 runner owns a pool of environments, a sampling copy of the policy (LoRA state synced from
-the learner) and the reward; ``sample`` returns whole scored groups, and the driver only
-turns them into advantages and a batch.
+the learner) and the reward; ``sample`` returns whole groups of episodes, ``score`` scores
+the groups this runner just sampled, and the driver turns them into credit and a batch.
 
 Scoring happens here, next to the rollouts: groups of different runners are judged in
 parallel, and a self-judging reward can use this runner's copy of the policy.
@@ -25,7 +25,8 @@ from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 from draco_gym.types import Trajectory
 
 from draco_gym.algos.chat import ChatFormat, eos_token_ids
-from draco_gym.algos.rollout import Episode, EpisodeLimits, run_episodes
+from draco_gym.algos.config import EpisodeLimits
+from draco_gym.algos.rollout import Episode, run_episodes
 
 
 def make_env(env: Any, env_config: dict):
@@ -50,8 +51,7 @@ def make_env(env: Any, env_config: dict):
 
 
 def episode_limits(config) -> EpisodeLimits:
-    return EpisodeLimits(max_new_tokens=config.max_new_tokens, max_prompt_tokens=config.max_prompt_tokens,
-                         max_response_tokens=config.max_response_tokens)
+    return EpisodeLimits(**{key: getattr(config, key) for key in EpisodeLimits.model_fields})
 
 
 class LLMEnvRunner(EnvRunner, Checkpointable):
@@ -62,6 +62,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self._weights_seq_no = 0
         self._envs: list = []
         self._reward = None
+        self._sampled: list[dict] = []
         self._probe = make_env(config.env, config.env_config)
         self.module = config.get_rl_module_spec(spaces=self.get_spaces(), inference_only=True).build()
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
@@ -86,10 +87,11 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
                              "set task_ids in the config")
         return list(ids)
 
-    def sample(self, *, tasks: list[str], group_size: int, seed: int, score: bool = True,
-               temperature: float | None = None, **kwargs) -> dict:
-        """G episodes of each task, batched into one sampling call per turn, then one
-        reward call per group. Returns the groups, timings and token counts."""
+    def sample(self, *, tasks: list[str], group_size: int, seed: int, temperature: float | None = None,
+               **kwargs) -> dict:
+        """G episodes of each task, batched into one sampling call per turn. Returns the
+        groups (``task_id``, ``trajectories``), timings and token counts; ``score`` scores
+        them next."""
         t0 = time.perf_counter()
         sampler = self.sampler if temperature is None else self._make_sampler(temperature)
         self._ensure_envs(len(tasks) * group_size)
@@ -101,18 +103,21 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         stats: dict = {}
         trajectories = run_episodes(episodes, sampler, self.chat, limits, seed=seed, stats=stats)
         t_rollout = time.perf_counter() - t0
-        groups, t1 = [], time.perf_counter()
-        for i, task in enumerate(tasks):
-            trajs = trajectories[i * group_size : (i + 1) * group_size]
-            group_score = self.reward.score_group(trajs[0].task, trajs) if score else None
-            groups.append({"task_id": task, "trajectories": trajs, "score": group_score})
-        t_judge = time.perf_counter() - t1
+        self._sampled = [{"task_id": task, "trajectories": trajectories[i * group_size : (i + 1) * group_size]}
+                         for i, task in enumerate(tasks)]
         return {
-            "groups": groups,
-            "timers": {"generation": stats["sampling_s"], "env": t_rollout - stats["sampling_s"], "judge": t_judge},
+            "groups": self._sampled,
+            "timers": {"generation": stats["sampling_s"], "env": t_rollout - stats["sampling_s"]},
             "generated_tokens": stats["sampled_tokens"],
             WEIGHTS_SEQ_NO: self._weights_seq_no,
         }
+
+    def score(self) -> dict:
+        """One reward call per group this runner sampled last: their ``GroupScore`` in the
+        same order, and the seconds it took."""
+        t0 = time.perf_counter()
+        scores = [self.reward.score_group(g["trajectories"][0].task, g["trajectories"]) for g in self._sampled]
+        return {"scores": scores, "seconds": time.perf_counter() - t0}
 
     def continue_from(self, task_id: str, messages: list[str], k: int, seed: int = 0) -> list[Trajectory]:
         """K continuations of ``task_id`` after replaying ``messages`` (ProVer's restarts),

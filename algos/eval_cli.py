@@ -15,6 +15,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from draco_gym.algos.reporting import RolloutLog
 from draco_gym.metrics import pass_at_k, pass_hat_k
 
 
@@ -26,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", help="where eval/ goes (default: the config's output_dir)")
 
 
-def summarize(groups: list[dict], success_metric: str) -> dict:
+def eval_summary(groups: list[dict], success_metric: str) -> dict:
     per_task, terms, turns, rewards = [], Counter(), [], []
     for group in groups:
         trajs = group["trajectories"]
@@ -56,9 +57,10 @@ def summarize(groups: list[dict], success_metric: str) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     import ray
-    from draco_gym.algos.train_cli import prepare, start_ray
 
-    from draco_gym.config import ConfigError, load_config, to_algorithm_config
+    from draco_gym.algos.config import ConfigError, load_config
+    from draco_gym.algos.grpo import GRPOConfig
+    from draco_gym.algos.train_cli import prepare, start_ray
 
     overrides = list(args.set) + ([f"output_dir={args.output_dir}"] if args.output_dir else [])
     try:
@@ -85,25 +87,20 @@ def run(args: argparse.Namespace) -> int:
           f"(temperature {ev.temperature})", flush=True)
     start_ray(config)
     try:
-        algo = to_algorithm_config(config).training(task_ids=task_ids).build_algo()
+        algo = GRPOConfig.from_run_config(config).training(task_ids=task_ids).build_algo()
         try:
             if checkpoint is not None:
                 algo.restore_from_path(str(checkpoint.resolve()))
-                algo.env_runner_group.sync_weights(from_worker_or_learner_group=algo.learner_group,
-                                                   inference_only=True, timeout_seconds=300)
+                algo.sync_weights()
             groups = algo.rollout(task_ids, group_size=ev.episodes_per_task, temperature=ev.temperature,
                                   score=ev.score, seed=config.seed)
         finally:
             algo.stop()
     finally:
         ray.shutdown()
-    summary = {"checkpoint": args.checkpoint, "env": config.env.id, **summarize(groups, ev.success_metric)}
-    with open(out / "rollouts.jsonl", "w") as fh:
-        for group in groups:
-            for i, traj in enumerate(group["trajectories"]):
-                score = group["score"].scores[i].model_dump(mode="json") if group.get("score") else None
-                fh.write(json.dumps({"task_id": group["task_id"], "index": i,
-                                     "trajectory": traj.model_dump(mode="json"), "score": score}) + "\n")
+    summary = {"checkpoint": args.checkpoint, "env": config.env.id, **eval_summary(groups, ev.success_metric)}
+    (out / "rollouts.jsonl").unlink(missing_ok=True)
+    RolloutLog(out / "rollouts.jsonl").write(groups)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
     return 0

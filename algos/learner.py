@@ -13,12 +13,12 @@ import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
 from draco_gym.algos.batch import micro_batches
-from draco_gym.algos.loss import LossConfig, grpo_loss
+from draco_gym.algos.config import LossConfig
+from draco_gym.algos.loss import grpo_loss
 
 
 def loss_config(config) -> LossConfig:
-    return LossConfig(clip_low=config.clip_low, clip_high=config.clip_high,
-                      dual_clip=config.dual_clip, kl_coeff=config.kl_coeff)
+    return LossConfig(**{key: getattr(config, key) for key in LossConfig.model_fields})
 
 
 class GRPOTorchLearner(TorchLearner):

@@ -21,17 +21,9 @@ micro-batches (gradient accumulation) gives the same gradient as one big batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass(frozen=True)
-class LossConfig:
-    clip_low: float = 0.2  # eps_low
-    clip_high: float = 0.2  # eps_high
-    dual_clip: float = 3.0  # c; 0 turns the dual clip off
-    kl_coeff: float = 0.01  # beta
+from draco_gym.algos.config import LossConfig  # eps_low, eps_high, c (0: off), beta
 
 
 def grpo_loss(logp, old_logp, ref_logp, adv, n_tokens: int, cfg: LossConfig):

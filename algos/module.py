@@ -19,8 +19,6 @@ from typing import Any
 import torch
 from ray.rllib.core.rl_module.torch import TorchRLModule
 
-DEFAULT_LORA = {"r": 16, "alpha": 32, "target_modules": "all-linear", "dropout": 0.0}
-
 
 def load_causal_lm(path: str, dtype: str = "float32"):
     """The base model with every dropout off: with dropout the ratio is not 1 and the KL
@@ -42,12 +40,14 @@ def add_lora(model, lora: dict[str, Any], seed: int = 0):
     """Wrap ``model`` with a LoRA adapter. Seeded, so every copy starts from the same A."""
     from peft import LoraConfig, get_peft_model
 
-    opts = {**DEFAULT_LORA, **(lora or {})}
+    from draco_gym.algos.config import LoraSection
+
+    opts = LoraSection(**(lora or {}))
     torch.manual_seed(seed)
     return get_peft_model(
         model,
-        LoraConfig(r=opts["r"], lora_alpha=opts["alpha"], target_modules=opts["target_modules"],
-                   lora_dropout=opts["dropout"], bias="none", task_type="CAUSAL_LM"),
+        LoraConfig(r=opts.r, lora_alpha=opts.alpha, target_modules=opts.target_modules,
+                   lora_dropout=opts.dropout, bias="none", task_type="CAUSAL_LM"),
     )
 
 

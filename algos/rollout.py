@@ -5,9 +5,9 @@ This is the piece other algorithms reuse. ``run_episodes`` takes episodes that s
 anywhere, so:
   - GRPO starts them fresh (``Episode.start``): G episodes per task, all tasks of a shard
     batched together;
-  - ProVer's restarts (credit engineer) start them from a restored prefix of messages
+  - ProVer's restarts start them from a restored prefix of messages
     (``Episode.from_prefix``) and run K continuations with the current policy; on the
-    trainer this is ``LLMEnvRunner.continue_from`` / ``GRPO.run_continuations``.
+    trainer this is ``LLMEnvRunner.continue_from``.
 
 Each finished episode is a ``Trajectory`` whose token arrays hold exactly what the policy
 saw and sampled: prompt and observation tokens are gap tokens (step -1), the sampled tokens
@@ -23,22 +23,8 @@ from typing import Any, Sequence
 from draco_gym.types import GAP, Termination, Trajectory
 
 from draco_gym.algos.chat import ChatFormat
+from draco_gym.algos.config import EpisodeLimits  # the token budgets, declared with the run's knobs
 from draco_gym.algos.generation import Sampler
-
-
-@dataclass(frozen=True)
-class EpisodeLimits:
-    """Token budgets. ``max_response_tokens`` counts everything after the prompt (sampled
-    turns and observations): when it runs out the episode ends as ``length``."""
-
-    max_new_tokens: int = 256
-    max_prompt_tokens: int = 4096
-    max_response_tokens: int = 8192
-
-    def __post_init__(self) -> None:
-        for name in ("max_new_tokens", "max_prompt_tokens", "max_response_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass

@@ -22,7 +22,7 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", help="YAML run config (see draco_gym/config.py for the schema)")
+    parser.add_argument("config", help="YAML run config (every key: python -m draco_gym.algos.config)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key, e.g. --set rollout.group_size=4 (repeatable)")
     parser.add_argument("--iterations", type=int, help="override the number of iterations")
@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draco_gym.config import ConfigError, load_config
+    from draco_gym.algos.config import ConfigError, load_config
 
     overrides = list(args.set)
     if args.iterations is not None:
@@ -77,25 +77,28 @@ def prepare(config, *, env_config: dict | None = None, task_ids: list[str] | Non
 
 
 def start_ray(config) -> None:
+    """A local cluster this command starts itself, with GRPO registered for Tune."""
     import ray
 
-    # A local cluster this command starts itself: no token auth (Ray 2.60 otherwise asks
-    # for one), quiet workers (their errors still reach Tune's trial error).
+    from draco_gym.algos.grpo import register_with_tune
+
+    # No token auth (Ray 2.60 otherwise asks for one), quiet workers (their errors still
+    # reach Tune's trial error).
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     res = config.resources
     ray.init(num_cpus=res.ray_num_cpus, object_store_memory=res.object_store_memory_mb * 2**20,
              include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"env_vars": {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
                                        "TOKENIZERS_PARALLELISM": "false"}})
+    register_with_tune()
 
 
 def train(config, resume: str | None = None) -> int:
     import ray
     from ray import tune
 
-    from draco_gym.algos.grpo import register_with_tune
+    from draco_gym.algos.grpo import GRPOConfig
     from draco_gym.algos.reporting import MetricsLog
-    from draco_gym.config import to_algorithm_config
 
     out = Path(config.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -107,7 +110,7 @@ def train(config, resume: str | None = None) -> int:
     except (ValueError, TypeError, FileNotFoundError, ModuleNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    algo_config = to_algorithm_config(config, output_dir=str(out)).training(
+    algo_config = GRPOConfig.from_run_config(config, output_dir=str(out)).training(
         task_ids=task_ids, restore_from=str(Path(resume).resolve()) if resume else None)
     log = MetricsLog(out, config.iterations)
     print(f"training {config.name}: {config.iterations} iterations x {config.rollout.tasks_per_iteration} tasks x "
@@ -115,7 +118,6 @@ def train(config, resume: str | None = None) -> int:
     t0 = time.time()
     start_ray(config)
     try:
-        register_with_tune()
         tuner = tune.Tuner("GRPO", param_space=algo_config, run_config=tune.RunConfig(
             name="tune", storage_path=str(out), stop={"training_iteration": config.iterations}, verbose=0,
             callbacks=[_Progress(log)],

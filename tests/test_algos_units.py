@@ -13,12 +13,13 @@ import torch
 import draco_gym  # noqa: F401
 from draco_gym.algos.batch import micro_batches, token_batch
 from draco_gym.algos.chat import ChatFormat
-from draco_gym.algos.credit import get_credit_rule
+from draco_gym.algos.credit import apply_credit, get_credit_rule
 from draco_gym.algos.generation import Sample, TorchSampler
-from draco_gym.algos.grpo import credit_groups
-from draco_gym.algos.loss import LossConfig, grpo_loss
+from draco_gym.algos.config import LossConfig
+from draco_gym.algos.loss import grpo_loss
 from draco_gym.algos.models import build_tiny_llama
 from draco_gym.algos.module import HFPolicyModule, token_logprobs
+from draco_gym.algos.reporting import PHASES, iteration_metrics
 from draco_gym.algos.rollout import Episode, EpisodeLimits, run_episodes
 from draco_gym.types import GAP, Criterion, GroupScore, Termination, TrajectoryScore, Verdict
 
@@ -231,9 +232,10 @@ def _group(tiny, env):
 
 def test_advantages_land_on_exactly_their_steps_tokens(tiny, env):
     trajs, score = _group(tiny, env)
-    rows, token_adv, stats = credit_groups([{"task_id": "t", "trajectories": trajs, "score": score}],
-                                           get_credit_rule("draco"))
-    step_adv = stats["_step_advantages"]
+    groups = [{"task_id": "t", "trajectories": trajs, "score": score}]
+    credited = apply_credit(groups, get_credit_rule("draco"))
+    rows, token_adv, step_adv = credited.trajectories, credited.token_advantages, credited.step_advantages
+    stats = iteration_metrics(groups, credited, dict.fromkeys(PHASES, 0.0), 1.0, 0)
     assert step_adv[0][0] != step_adv[0][1]  # draco really redistributes
     for traj, per_token, per_step in zip(rows, token_adv, step_adv):
         for adv, step in zip(per_token, traj.token_step):
@@ -255,8 +257,8 @@ def test_micro_batches_give_the_full_batch_gradient(tiny, env):
     """Gradient accumulation over micro-batches equals one pass over the minibatch."""
     path, _ = tiny
     trajs, score = _group(tiny, env)
-    rows, token_adv, _ = credit_groups([{"task_id": "t", "trajectories": trajs, "score": score}],
-                                       get_credit_rule("draco"))
+    credited = apply_credit([{"task_id": "t", "trajectories": trajs, "score": score}], get_credit_rule("draco"))
+    rows, token_adv = credited.trajectories, credited.token_advantages
     batch = {k: torch.as_tensor(v) for k, v in token_batch(rows, token_adv, pad_id=0).items()}
     n_tokens = int(batch["policy_mask"][:, 1:].sum())
     cfg = LossConfig(kl_coeff=0.05)

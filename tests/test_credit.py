@@ -258,8 +258,13 @@ def test_registry_rules_match_the_functions():
 def test_registry_unknown_name_and_group_mismatch():
     with pytest.raises(KeyError, match="unknown credit rule 'drako'.*Did you mean 'draco'"):
         get_credit_rule("drako")
-    with pytest.raises(ValueError, match="group sizes differ"):
-        get_credit_rule("uniform")([_trajectory([1])], GroupScore(), [0.0])
+    one = TrajectoryScore.from_verdicts([])
+    with pytest.raises(ValueError, match="group sizes differ: 1 trajectories, 1 advantages, 2 scores"):
+        get_credit_rule("uniform")([_trajectory([1])], GroupScore(scores=[one, one]), [0.0])
+    with pytest.raises(ValueError, match="group sizes differ: 1 trajectories, 2 advantages"):
+        get_credit_rule("trace", scorer=lambda t: [0.0])([_trajectory([1])], GroupScore(), [0.0, 1.0])
+    with pytest.raises(ValueError, match="group sizes differ: 1 trajectories, 1 advantages, 0 scores"):
+        get_credit_rule("draco")([_trajectory([1])], GroupScore(), [0.0])
 
 
 def test_credit_module_does_not_import_torch():

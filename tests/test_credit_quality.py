@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from draco_gym.algos.credit.quality import (
+from draco_gym.bench.credit_quality import (
     RULES,
     SimConfig,
     SyntheticTask,

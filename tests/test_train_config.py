@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from draco_gym.cli import main
-from draco_gym.config import ConfigError, load_config, parse_config
+from draco_gym.algos.config import ConfigError, load_config, parse_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 MINIMAL = {"env": {"id": "draco_gym/PythonTools-v0"}, "policy": {"model": "smollm2-135m-instruct"}}
@@ -97,11 +97,11 @@ def test_cli_rejects_a_missing_model_before_ray(tmp_path, capsys):
     assert "no-model" in capsys.readouterr().err
 
 
-def test_to_algorithm_config_carries_every_section(tmp_path):
-    from draco_gym.config import to_algorithm_config
+def test_grpo_config_carries_every_section(tmp_path):
+    from draco_gym.algos.grpo import GRPOConfig
 
     config = load_config(write(tmp_path, {**MINIMAL, "rollout": {"group_size": 5}, "credit": {"name": "uniform"},
                                           "optim": {"kl_coeff": 0.0, "minibatch_size": 4}}))
-    algo = to_algorithm_config(config)
+    algo = GRPOConfig.from_run_config(config)
     assert (algo.group_size, algo.credit, algo.kl_coeff, algo.minibatch_size) == (5, "uniform", 0.0, 4)
     assert algo.policy_model == "smollm2-135m-instruct" and algo.lora["r"] == 16

@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from draco_gym.algos.credit.core import CreditRule
 from draco_gym.types import GroupScore, Termination, Trajectory
 
 __all__ = [
@@ -334,8 +335,6 @@ class ProVerRule:
         self.last: dict[str, Any] = {}
 
     def __call__(self, trajectories: Sequence[Trajectory], group: GroupScore, advantages: Sequence[float]) -> list[list[float]]:
-        if not len(trajectories) == len(advantages):
-            raise ValueError(f"group sizes differ: {len(trajectories)} trajectories, {len(advantages)} advantages")
         base = [[float(a)] * len(t.steps) for t, a in zip(trajectories, advantages)]
         successes = [_outcome(t, self.outcome_key, i) for i, t in enumerate(trajectories)]
         self.stats["groups"] += 1
@@ -440,12 +439,7 @@ def env_runner_continuations(env_runner_group, *, outcome_key: str = "success", 
 
 # -- the registry entry --------------------------------------------------------------------
 
-# Imported here, not at the top: the package imports this module once CREDIT_RULES exists.
-from draco_gym.algos.credit import CREDIT_RULES, CreditRule  # noqa: E402
-
-
-@CREDIT_RULES.register("prover")
-def _prover_rule(
+def prover_rule(
     *,
     continue_fn: ContinueFn | None = None,
     judge: Any = None,

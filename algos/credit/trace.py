@@ -29,6 +29,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from draco_gym.algos.credit.core import CreditRule
 from draco_gym.types import Step, Task, Trajectory
 
 __all__ = ["ReferenceScorer", "TraceParams", "trace_credit", "trace_turn_rewards", "trace_values"]
@@ -227,12 +228,7 @@ def _reference_scorer(model, tokenizer, answer_key: str, batch_size: int, max_le
 
 # -- the registry entry --------------------------------------------------------------------
 
-# Imported here, not at the top: the package imports this module once CREDIT_RULES exists.
-from draco_gym.algos.credit import CREDIT_RULES, CreditRule  # noqa: E402
-
-
-@CREDIT_RULES.register("trace")
-def _trace_rule(
+def trace_rule(
     *,
     scorer: Callable[[Trajectory], Sequence[float]] | None = None,
     reference_model=None,
@@ -266,8 +262,6 @@ def _trace_rule(
         return values
 
     def assign(trajectories: Sequence[Trajectory], group, advantages: Sequence[float]) -> list[list[float]]:
-        if len(trajectories) != len(advantages):
-            raise ValueError(f"group sizes differ: {len(trajectories)} trajectories, {len(advantages)} advantages")
         return [trace_credit(score(t), a, params) if t.steps else [] for t, a in zip(trajectories, advantages)]
 
     return assign

@@ -30,6 +30,7 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
+from draco_gym.algos.credit.core import CreditRule
 from draco_gym.types import GroupScore, Step, Trajectory
 
 __all__ = [
@@ -232,12 +233,7 @@ def families_from_reward() -> tuple[RuleFamily, ...]:
 
 # -- the registry entry --------------------------------------------------------------------
 
-# Imported here, not at the top: the package imports this module once CREDIT_RULES exists.
-from draco_gym.algos.credit import CREDIT_RULES, CreditRule  # noqa: E402
-
-
-@CREDIT_RULES.register("trca")
-def _trca_rule(
+def trca_rule(
     *,
     lam: float = 0.8,
     gamma: float = 0.95,
@@ -258,8 +254,6 @@ def _trca_rule(
     fams = tuple(families) if families is not None else families_from_reward()
 
     def assign(trajectories: Sequence[Trajectory], group: GroupScore, advantages: Sequence[float]) -> list[list[float]]:
-        if len(trajectories) != len(advantages):
-            raise ValueError(f"group sizes differ: {len(trajectories)} trajectories, {len(advantages)} advantages")
         keys = [[key_of(t, s) for s in t.steps] for t in trajectories]
         return trca_credit([hits(t) for t in trajectories], advantages, keys, fams, lam, gamma, step_weight)
 

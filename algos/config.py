@@ -1,0 +1,410 @@
+"""The run schema: every knob of a GRPO run, declared once with its default, bound and meaning.
+
+Two doors lead to the same declarations:
+
+- a YAML file (``draco-gym train CONFIG.yaml``): ``load_config`` reads it into a ``RunConfig``,
+  the sections below, and rejects an unknown key with the closest known one;
+- Python: ``GRPOConfig().training(group_size=4, ...)``. ``GRPOConfig``'s attributes are the
+  knobs of ``KNOBS``; their defaults come from the fields here and ``GRPOConfig.validate``
+  checks them against the same fields (``check_knobs``).
+
+``python -m draco_gym.algos.config`` prints every key with its default and meaning. A file
+may start with ``base: other.yaml`` (a path relative to it) and override only what follows,
+merged key by key; a section that names a different component (``reward: {name: ...}``)
+replaces the base's section instead of merging into it.
+
+A judge's API key never goes in the file: give the *name* of the environment variable that
+holds it (``api_key_env``); a literal ``api_key`` is rejected, so keys cannot reach logs,
+checkpoints or saved rollouts through the config.
+
+Importing this module loads neither torch nor Ray: ``draco-gym train --check`` stays fast.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A config is invalid; the message names the file (or ``GRPOConfig``) and the key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+
+class EnvSection(_Section):
+    id: str | Callable[..., Any] = Field(description="a Gymnasium id ('module:Class' works too); from Python also "
+                                                     "an env class or a creator function")
+    config: dict[str, Any] = Field(default_factory=dict, description="the environment's constructor keyword arguments")
+    task_ids: list[str] | None = Field(None, description="train on these tasks; null: every task the env lists")
+
+
+class LoraSection(_Section):
+    r: int = Field(16, ge=1, description="LoRA rank")
+    alpha: float = Field(32, gt=0, description="LoRA scale numerator (scale = alpha / r)")
+    target_modules: str | list[str] = Field("all-linear", description="modules that get an adapter")
+    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout (0: the sampler's and learner's log-probs agree)")
+
+
+class PolicySection(_Section):
+    model: str = Field(description="a local HF directory or the alias 'smollm2-135m-instruct'")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights' dtype")
+    lora: LoraSection = Field(default_factory=LoraSection, description="the trained adapter")
+    sampler: Literal["torch", "vllm"] = Field("torch", description="torch: transformers (CPU or GPU); vllm: GPU, unverified")
+    gradient_checkpointing: bool = Field(False, description="trade compute for activation memory on the learner")
+    torch_threads: int | None = Field(None, ge=1, description="intra-op threads per process (null: Ray's, one per reserved CPU)")
+
+
+class EpisodeLimits(_Section):
+    """Token budgets of one episode. ``max_response_tokens`` counts everything after the
+    prompt (sampled turns and observations): when it runs out the episode ends as ``length``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_new_tokens: int = Field(1024, ge=1, description="tokens per assistant turn")
+    max_prompt_tokens: int = Field(4096, ge=1, description="the first prompt, left-truncated")
+    max_response_tokens: int = Field(24576, ge=1, description="everything after the prompt; beyond: termination 'length'")
+
+
+class RolloutSection(EpisodeLimits):
+    group_size: int = Field(6, ge=2, description="G episodes per task (a group of one has no baseline)")
+    tasks_per_iteration: int = Field(16, ge=1, description="tasks drawn per iteration (seeded by the iteration)")
+    temperature: float = Field(1.0, ge=0, description="sampling temperature (0: greedy)")
+
+
+class NamedSection(_Section):
+    name: str = Field(description="a registered name")
+    options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the component")
+
+
+class RewardSection(NamedSection):
+    name: str | Callable[..., Any] = Field("rule", description="a name in draco_gym.reward.REWARDS; from Python also "
+                                                               "a factory called with the options")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, value):
+        from draco_gym.reward import REWARDS
+
+        if isinstance(value, str) and value not in REWARDS:
+            raise ValueError(REWARDS.unknown(value))
+        return value
+
+    @field_validator("options")
+    @classmethod
+    def _no_secrets(cls, value):
+        reject_literal_secrets(value, "reward.options")
+        return value
+
+
+class CreditSection(NamedSection):
+    name: str = Field("draco", description="a name in draco_gym.algos.credit.CREDIT_RULES")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, value):
+        from draco_gym.algos.credit import CREDIT_RULES
+
+        if value not in CREDIT_RULES:
+            raise ValueError(CREDIT_RULES.unknown(value))
+        return value
+
+
+class LossConfig(_Section):
+    """The policy loss's knobs (``algos/loss.py``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    clip_low: float = Field(0.2, ge=0, lt=1, description="eps_low of the ratio clip")
+    clip_high: float = Field(0.2, ge=0, description="eps_high of the ratio clip")
+    dual_clip: float = Field(3.0, ge=0, description="c of the dual clip for negative advantages; 0 turns it off")
+    kl_coeff: float = Field(0.01, ge=0, description="beta of the k3 KL to the base model (adapter off)")
+
+    @field_validator("dual_clip")
+    @classmethod
+    def _dual(cls, value: float) -> float:
+        if 0 < value <= 1:
+            raise ValueError("dual_clip must be 0 (off) or > 1")
+        return value
+
+
+class OptimSection(LossConfig):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+    lr: float = Field(5e-5, gt=0, description="AdamW learning rate (constant)")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
+    grad_clip: float | None = Field(1.0, gt=0, description="global-norm gradient clip (null: off)")
+    minibatch_size: int | None = Field(8, ge=1, description="trajectories per optimizer step (null: all)")
+    num_epochs: int = Field(1, ge=1, description="passes over the iteration's trajectories")
+    micro_batch_tokens: int = Field(4096, ge=16, description="gradient accumulation unit, in padded tokens")
+    recompute_old_logprobs: bool | None = Field(None, description="old log-probs from the learner instead of the "
+                                                                  "sampler (null: only with the vllm sampler)")
+
+
+class ResourcesSection(_Section):
+    num_env_runners: int = Field(1, ge=1, description="rollout actors")
+    num_cpus_per_env_runner: float = Field(1, ge=0, description="CPUs Ray reserves per env runner")
+    num_gpus_per_env_runner: float = Field(0, ge=0, description="GPUs Ray reserves per env runner")
+    num_learners: int = Field(0, ge=0, description="learner actors (0: the learner lives in the training process)")
+    num_gpus_per_learner: float = Field(0, ge=0, description="GPUs per learner")
+    sync_timeout_s: float = Field(300.0, gt=0, description="seconds a weight sync to the env runners may take")
+    ray_num_cpus: int | None = Field(None, ge=1, description="ray.init(num_cpus=...) when the command starts Ray")
+    object_store_memory_mb: int = Field(256, ge=75, description="Ray's object store when the command starts Ray")
+
+
+class CheckpointSection(_Section):
+    every: int = Field(1, ge=1, description="iterations between checkpoints")
+    keep: int | None = Field(2, ge=1, description="checkpoints kept (null: all)")
+
+
+class EvalSection(_Section):
+    env_config: dict[str, Any] = Field(default_factory=dict, description="merged over env.config")
+    task_ids: list[str] | None = Field(None, description="null: every task of the (eval) env")
+    max_tasks: int | None = Field(None, ge=1, description="only the first N of them")
+    episodes_per_task: int = Field(1, ge=1, description="k for pass@k / pass^k")
+    temperature: float = Field(0.0, ge=0, description="0: greedy")
+    score: bool = Field(False, description="also run the reward on each task's episodes")
+    success_metric: str = Field("success", description="the env metric that means 'solved'")
+
+
+class RunConfig(_Section):
+    name: str = Field("run", description="run name (a file's default: its stem)")
+    output_dir: str = Field("runs/run", description="metrics.jsonl, rollouts.jsonl, plots/, checkpoint/, tune/")
+    seed: int = Field(0, description="seeds the task draws and the sampling")
+    iterations: int = Field(3, ge=1, description="training iterations, one GRPO step each")
+    env: EnvSection
+    policy: PolicySection
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    reward: RewardSection = Field(default_factory=RewardSection)
+    credit: CreditSection = Field(default_factory=CreditSection)
+    optim: OptimSection = Field(default_factory=OptimSection)
+    resources: ResourcesSection = Field(default_factory=ResourcesSection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+
+
+def reject_literal_secrets(options: Any, where: str) -> None:
+    """Secrets never sit in a config: it is copied into checkpoints and logs."""
+    if isinstance(options, dict):
+        for key, value in options.items():
+            if key in ("api_key", "token", "password") and value:
+                raise ValueError(
+                    f"{where}.{key}: secrets do not belong in a config file (it is copied into checkpoints "
+                    f"and logs); export the key and give the variable's name as {where}.{key}_env"
+                    if key == "api_key" else f"{where}.{key}: secrets do not belong in a config file"
+                )
+            reject_literal_secrets(value, f"{where}.{key}")
+
+
+# -- GRPOConfig's attributes are these knobs -------------------------------------------------
+
+# GRPOConfig attribute -> its key in the run schema. ``env``, ``env_config``, ``seed``, ``lr``,
+# ``grad_clip``, ``minibatch_size``, ``num_epochs`` and the resources are RLlib's own
+# AlgorithmConfig attributes, which RLlib reads too.
+KNOBS: dict[str, str] = {
+    "env": "env.id",
+    "env_config": "env.config",
+    "task_ids": "env.task_ids",
+    "seed": "seed",
+    **{f"policy_model" if key == "model" else key: f"policy.{key}" for key in PolicySection.model_fields},
+    **{key: f"rollout.{key}" for key in RolloutSection.model_fields},
+    "reward": "reward.name",
+    "reward_options": "reward.options",
+    "credit": "credit.name",
+    "credit_options": "credit.options",
+    **{key: f"optim.{key}" for key in OptimSection.model_fields},
+    **{key: f"resources.{key}" for key in ResourcesSection.model_fields
+       if key not in ("ray_num_cpus", "object_store_memory_mb")},  # the command's, before Ray exists
+}
+
+
+def knob_defaults() -> dict[str, Any]:
+    """Each knob's declared default (required knobs, the env and the model, have none)."""
+    out = {}
+    for attr, path in KNOBS.items():
+        section, _, key = path.rpartition(".")
+        field = (_SECTIONS[section] if section else RunConfig).model_fields[key]
+        if not field.is_required():
+            value = field.get_default(call_default_factory=True)
+            out[attr] = value.model_dump() if isinstance(value, BaseModel) else value
+    return out
+
+
+def knob_values(run: RunConfig) -> dict[str, Any]:
+    """A validated run's knobs by ``GRPOConfig`` attribute name."""
+    out = {}
+    for attr, path in KNOBS.items():
+        value: Any = run
+        for part in path.split("."):
+            value = getattr(value, part)
+        out[attr] = value.model_dump() if isinstance(value, BaseModel) else value
+    return out
+
+
+def check_knobs(values: dict[str, Any]) -> RunConfig:
+    """Validate knobs given by attribute name against the schema; errors name the attribute."""
+    raw: dict[str, Any] = {}
+    for attr, path in KNOBS.items():
+        if attr not in values or (values[attr] is None and path in ("env.id", "policy.model")):
+            continue
+        *sections, key = path.split(".")
+        node = raw
+        for part in sections:
+            node = node.setdefault(part, {})
+        node[key] = values[attr]
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as exc:
+        back = {path: attr for attr, path in KNOBS.items()}
+        problems = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"])
+            name = next((back[p] + loc[len(p):] for p in sorted(back, key=len, reverse=True)
+                         if loc == p or loc.startswith(p + ".")), loc)
+            if err["type"] == "missing":
+                hint = {"env.id": ".environment(env=...)", "policy.model": ".policy(model=...)"}.get(loc, "")
+                problems.append(f"{name} is not set{': call ' + hint if hint else ''}")
+            else:
+                problems.append(f"{name}: {err['msg'].removeprefix('Value error, ')}")
+        raise ConfigError("GRPOConfig: " + "; ".join(problems)) from None
+
+
+_SECTIONS: dict[str, type[BaseModel]] = {
+    name: field.annotation for name, field in RunConfig.model_fields.items()
+    if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+}
+
+
+# -- reading a file ---------------------------------------------------------------------------
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Read, apply ``key.sub=value`` overrides, validate. Raises ``ConfigError``."""
+    path = Path(path)
+    raw = _read(path, seen=())
+    for item in overrides or []:
+        _apply_override(raw, item, path)
+    raw.setdefault("name", path.stem)
+    raw.setdefault("output_dir", str(Path("runs") / raw["name"]))
+    return parse_config(raw, source=str(path))
+
+
+def _read(path: Path, seen: tuple) -> dict:
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    base_path = (path.parent / str(base)).resolve()
+    if base_path in seen:
+        raise ConfigError(f"{path}: base {base!r} includes itself")
+    return _merge(_read(base_path, (*seen, base_path)), raw)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    """Deep merge; a section naming a different component (``name:``) replaces the base's
+    whole section, so an ablation's reward never inherits options meant for another."""
+    if "name" in over and "name" in base and over["name"] != base["name"] and "options" in base:
+        return dict(over)
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def parse_config(raw: dict, source: str = "config") -> RunConfig:
+    try:
+        config = RunConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: " + "; ".join(_describe(err) for err in exc.errors())) from None
+    if not isinstance(config.env.id, str):
+        raise ConfigError(f"{source}: env.id must be a Gymnasium id, got {type(config.env.id).__name__}")
+    _check_env(config, source)
+    return config
+
+
+def _describe(err: dict) -> str:
+    loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p.startswith(("str", "callable"))))
+    if err["type"] == "extra_forbidden":
+        parent, key = _model_at(err["loc"][:-1]), str(err["loc"][-1])
+        known = list(parent.model_fields) if parent else []
+        hint = difflib.get_close_matches(key, known, n=1)
+        close = f"; did you mean {'.'.join([*map(str, err['loc'][:-1]), hint[0]])!r}?" if hint else ""
+        return f"{loc}: unknown key{close} (known here: {', '.join(known)})"
+    if err["type"] == "missing":
+        return f"{loc}: required key is missing"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{loc}: {msg}" if loc and not msg.startswith(loc) else msg
+
+
+def _model_at(loc) -> type[BaseModel] | None:
+    model: type[BaseModel] | None = RunConfig
+    for part in loc:
+        if model is None or part not in model.model_fields:
+            return None
+        ann = model.model_fields[part].annotation
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    return model
+
+
+def _apply_override(raw: dict, item: str, path: Path) -> None:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like section.key=value")
+    dotted, value = item.split("=", 1)
+    node = raw
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {item!r}: {part} is not a section in {path}")
+    node[parts[-1]] = yaml.safe_load(value)
+
+
+def _check_env(config: RunConfig, source: str) -> None:
+    import gymnasium as gym
+
+    import draco_gym  # noqa: F401 - registers the built-in ids
+
+    if ":" not in config.env.id and config.env.id not in gym.registry:
+        hint = difflib.get_close_matches(config.env.id, list(gym.registry), n=1)
+        close = f"; did you mean {hint[0]!r}?" if hint else ""
+        raise ConfigError(f"{source}: env.id: {config.env.id!r} is not a registered Gymnasium id{close}")
+
+
+# -- the schema as text -----------------------------------------------------------------------
+
+
+def schema_text(model: type[BaseModel] = RunConfig, indent: str = "") -> str:
+    """Every key with its default and meaning, in the file's layout."""
+    lines = []
+    for key, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel) and key != "lora":
+            lines.append(f"{indent}{key}:" + (f"  # {field.description}" if field.description else ""))
+            lines.append(schema_text(ann, indent + "  "))
+            continue
+        if field.is_required():
+            shown = "REQUIRED"
+        else:
+            value = field.get_default(call_default_factory=True)
+            shown = yaml.safe_dump(value.model_dump() if isinstance(value, BaseModel) else value,
+                                   default_flow_style=True, width=10**6).strip().removesuffix("\n...").strip()
+        lines.append(f"{indent}{key}: {shown}" + (f"  # {field.description}" if field.description else ""))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(schema_text())
