@@ -86,7 +86,7 @@ class GRPOConfig(AlgorithmConfig):
         """Rollout, reward, credit, loss and optimizer knobs, plus RLlib's own ``training`` keywords."""
         ours = {k: kwargs.pop(k) for k in list(kwargs) if k in _TRAINING}
         rllib = set(inspect.signature(AlgorithmConfig.training).parameters) - {"self"}
-        _known(kwargs, rllib, "training")
+        _known(kwargs, rllib | _TRAINING, "training")
         super().training(**kwargs)
         return self._set(ours)
 

@@ -105,3 +105,78 @@ def test_grpo_config_carries_every_section(tmp_path):
     algo = GRPOConfig.from_run_config(config)
     assert (algo.group_size, algo.credit, algo.kl_coeff, algo.minibatch_size) == (5, "uniform", 0.0, 4)
     assert algo.policy_model == "smollm2-135m-instruct" and algo.lora["r"] == 16
+
+
+# -- one declaration per knob -----------------------------------------------------------------
+
+
+def test_every_knob_is_declared_once_with_a_meaning():
+    """GRPOConfig's knobs are the schema's fields: same defaults, each with a description."""
+    from draco_gym.algos.config import KNOBS, EpisodeLimits, LossConfig, RunConfig, knob_defaults
+    from draco_gym.algos.grpo import GRPOConfig
+
+    config = GRPOConfig()
+    for attr, value in knob_defaults().items():
+        assert getattr(config, attr) == value, attr
+    # the token budgets and the loss read the same declarations (256 vs 1024 once disagreed)
+    assert EpisodeLimits().max_new_tokens == config.max_new_tokens == RunConfig.model_fields["rollout"].default_factory().max_new_tokens
+    assert LossConfig().kl_coeff == config.kl_coeff
+    sections = {name: field.annotation for name, field in RunConfig.model_fields.items()}
+    for attr, path in KNOBS.items():
+        *section, key = path.split(".")
+        model = sections[section[0]] if section else RunConfig
+        assert model.model_fields[key].description, f"{path} has no description"
+
+
+@pytest.mark.parametrize(
+    "build, words",
+    [
+        (lambda c: c.training(group_size=1), ["GRPOConfig", "group_size", "greater than or equal to 2"]),
+        (lambda c: c.training(credit="drako"), ["credit", "'drako'", "did you mean 'draco'"]),
+        (lambda c: c.training(dual_clip=0.5), ["dual_clip", "> 1"]),
+        (lambda c: c.training(reward_options={"judge": {"api_key": "sk-123"}}), ["reward_options", "api_key_env"]),
+        (lambda c: c.policy(model=None), ["policy_model is not set", ".policy(model=...)"]),
+        (lambda c: c.environment(None), ["env is not set", ".environment(env=...)"]),
+    ],
+)
+def test_grpo_config_validate_names_the_attribute(build, words):
+    from draco_gym.algos.grpo import GRPOConfig
+
+    config = build(GRPOConfig().environment("draco_gym/PythonTools-v0").policy(model="/models/x"))
+    with pytest.raises(ConfigError) as err:
+        config.validate()
+    for word in words:
+        assert word.lower() in str(err.value).lower()
+    assert "sk-123" not in str(err.value)
+
+
+def test_grpo_config_rejects_an_unknown_keyword_with_a_hint():
+    from draco_gym.algos.grpo import GRPOConfig
+
+    with pytest.raises(TypeError, match="unknown keyword 'group_sise'; did you mean 'group_size'"):
+        GRPOConfig().training(group_sise=4)
+    with pytest.raises(TypeError, match="unknown keyword 'modle'; did you mean 'model'"):
+        GRPOConfig().policy(modle="x")
+    assert GRPOConfig().training(gamma=0.5, group_size=3).gamma == 0.5  # RLlib's own keywords pass through
+
+
+def test_importing_the_trainer_registers_nothing_with_tune():
+    """Tune registration happens where Ray starts (the CLI, or register_with_tune())."""
+    import subprocess
+    import sys
+
+    probe = ("import draco_gym.algos.grpo; from ray.rllib.algorithms.registry import ALGORITHMS; "
+             "import sys; sys.exit('registered on import' if 'GRPO' in ALGORITHMS else 0)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+
+
+def test_core_package_imports_no_layer():
+    """draco_gym/ (the core) imports neither algos nor reward; the CLI names its commands'
+    modules as strings and imports one only when it runs."""
+    import re
+
+    core = Path(__file__).resolve().parents[1] / "draco_gym"
+    for path in core.glob("*.py"):
+        for line in path.read_text().splitlines():
+            assert not re.match(r"\s*(from|import)\s+draco_gym\.(algos|reward)\b", line), f"{path.name}: {line}"

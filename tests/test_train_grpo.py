@@ -124,6 +124,9 @@ def lora_state_from_checkpoint(ckpt) -> dict:
 def test_tune_runs_one_iteration(ray_session, tiny_model, tmp_path):
     from ray import tune
 
+    from draco_gym.algos.grpo import register_with_tune
+
+    register_with_tune()  # the one call that makes the name "GRPO" known to Tune
     # Also the vLLM path's learner side: old log-probs recomputed on the learner.
     config = make_config(tiny_model, tmp_path / "run").training(minibatch_size=None, recompute_old_logprobs=True)
     results = tune.Tuner("GRPO", param_space=config, run_config=tune.RunConfig(
