@@ -15,6 +15,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("draco_gym.algos.train_cli", "train a policy with GRPO and step credit from a YAML config (RLlib + Tune)"),
     "eval": ("draco_gym.algos.eval_cli", "evaluate a checkpoint on the config's eval tasks: success, pass@k, pass^k"),
+    "report": ("draco_gym.report", "write a run's HTML report: metrics, each group's rubric and verdicts, each rollout's cited steps and credit"),
     "demo": ("draco_gym.algos.demo", "score a group of scripted PythonTools episodes with the rule rubric and print their step credit"),
     "bench": ("draco_gym.bench.credit_quality", "benchmarks: `bench credit` compares the credit rules on synthetic tasks"),
     "setup": ("draco_gym.envs.appworld.setup_cli", "create an isolated runtime now (`setup appworld`: the AppWorld engine and its offline task suite)"),

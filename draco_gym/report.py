@@ -1,0 +1,529 @@
+"""``draco-gym report RUN_DIR``: what the judge saw, decided and cited, as one HTML file.
+
+The report reads only the run directory's files (``metrics.jsonl``, ``rollouts.jsonl``,
+``summary.json``), never the trainer or the judge, so it works on any run, finished or
+not, copied from another machine or years old. It writes one self-contained HTML page: data,
+script and styles inline, charts as plain SVG drawn by the page's own script, no request to
+anything, so it opens from disk and can be attached to an issue.
+
+Agent output is hostile. Nothing from a rollout ever reaches the page as markup: the data is
+JSON inside ``<script type="application/json">`` with ``<``, ``>`` and ``&`` written as
+``\\u003c`` escapes (so ``</script>`` in an observation cannot close the element), the page's
+script inserts every string as text, never as HTML, and a Content-Security-Policy admits only
+the page's own script (by hash) and no network.
+
+A large run stays usable: the summary of every group (rewards, advantages, verdict matrix,
+terminations, env success) loads at once; the steps, verdict evidence and credit of each group
+are gzip-compressed into their own block, decompressed only when that group is opened.
+Embedded observations, messages and code are capped (head and tail kept) with a pointer to
+the full text: the ``rollouts.jsonl`` line that holds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import gzip
+import hashlib
+import json
+import math
+import re
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+# What the judge reads of a step by default (draco_gym.reward.render.render_trajectory's
+# max_message_chars and max_observation_chars; a test keeps the two in step). A longer
+# message or observation was shortened for the judge, and the report marks it.
+JUDGE_MESSAGE_CHARS = 6000
+JUDGE_OBSERVATION_CHARS = 2000
+
+# The marker CodeStepEnv leaves where it truncated an observation (envs.base.truncate_middle).
+_ENV_TRUNCATION = re.compile(r"\[\.\.\. \d+ characters truncated \.\.\.\]")
+
+# Alternative names of the run-at-a-glance quantities in metrics.jsonl, first match wins. A
+# key also matches under any prefix ("env_runners/reward_mean" for "reward_mean").
+METRIC_NAMES: dict[str, tuple[str, ...]] = {
+    "reward": ("reward_mean", "rubric_reward_mean", "episode_return_mean"),
+    "reward_std": ("reward_std",),
+    "pass_rate": ("rubric_pass_rate", "pass_rate"),
+    "env_success": ("env/success", "env_success", "success_rate", "env/success_rate"),
+    "criteria_before": ("criteria_before_dropout", "criteria/before_dropout"),
+    "criteria_after": ("criteria_after_dropout", "criteria/after_dropout"),
+    "inert_share": ("inert_credit_share", "credit/inert_share"),
+    "judge_cost": ("judge_cost", "judge/cost"),
+    "judge_prompt_tokens": ("judge_prompt_tokens", "judge/prompt_tokens"),
+    "judge_completion_tokens": ("judge_completion_tokens", "judge/completion_tokens"),
+    "judge_calls": ("judge_calls", "judge/calls"),
+    "fallbacks": ("reward_fallbacks", "judge/fallbacks", "fallbacks"),
+    "iteration": ("training_iteration", "iteration"),
+}
+_SUCCESS_KEYS = ("success", "task_success", "is_success", "solved")
+
+_ASSETS = "report_assets"
+
+
+class ReportError(ValueError):
+    """The run directory cannot be reported on; the message says what is wrong with it."""
+
+
+# -- reading the run ---------------------------------------------------------------------------
+
+
+def _flatten(row: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in row.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, name + "/"))
+        else:
+            out[name] = value
+    return out
+
+
+def _number(value) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def find_metric(keys: list[str], names: tuple[str, ...]) -> str | None:
+    """The first key that is one of ``names``, exactly or under a prefix."""
+    for name in names:
+        if name in keys:
+            return name
+        for key in keys:
+            if key.endswith("/" + name):
+                return key
+    return None
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ReportError(f"{path} line {number} is not JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise ReportError(f"{path} line {number} is not a JSON object")
+        rows.append(_flatten(row))
+    return rows
+
+
+def env_success(metrics: dict[str, Any]) -> bool | None:
+    """The environment's own verdict on an episode, if it gave one (AppWorld's tests,
+    PythonTools' checked answer, tau-bench's reward of 1)."""
+    for key in _SUCCESS_KEYS:
+        if key in metrics and metrics[key] is not None:
+            return bool(metrics[key])
+    passed, total = metrics.get("passed", metrics.get("tests_passed")), metrics.get("total", metrics.get("tests_total"))
+    if _number(passed) is not None and _number(total):
+        return passed == total
+    return None
+
+
+def group_advantages(rewards: list[float], eps: float = 1e-6) -> list[float]:
+    """GRPO's A_i = (R_i - mean R) / (std R + eps), population std: the formula of
+    draco_gym.algos.credit.group_advantages (the core does not import the training layer;
+    a test checks the two agree)."""
+    if not rewards:
+        return []
+    mean = sum(rewards) / len(rewards)
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+    if std <= 1e-12:
+        return [0.0] * len(rewards)
+    return [(r - mean) / (std + eps) for r in rewards]
+
+
+def cap_text(text: str, limit: int, where: str) -> tuple[str, int]:
+    """``text`` with its middle cut to fit ``limit`` characters, and how many were cut.
+    The cut says where the full text is."""
+    if limit <= 0 or len(text) <= limit:
+        return text, 0
+    head, tail = limit * 2 // 3, limit // 3
+    cut = len(text) - head - tail
+    return f"{text[:head]}\n[... {cut} characters not embedded: full text in {where} ...]\n{text[len(text) - tail:]}", cut
+
+
+@dataclass
+class Limits:
+    """How much of each rollout's text the page embeds (characters, head and tail kept)."""
+
+    observation: int = 1000
+    message: int = 4000
+    code: int = 4000
+    instruction: int = 4000
+    evidence: int = 1000
+    judge_message: int = JUDGE_MESSAGE_CHARS
+    judge_observation: int = JUDGE_OBSERVATION_CHARS
+
+
+@dataclass
+class _Group:
+    iteration: int
+    task_id: str
+    rows: list[tuple[int, dict]] = field(default_factory=list)  # (line number, record)
+
+
+def _criteria_entries(raw) -> list[dict]:
+    """Criteria saved as titles or as Criterion dumps, as dicts with at least a title."""
+    out = []
+    for c in raw or []:
+        if isinstance(c, str):
+            out.append({"title": c})
+        elif isinstance(c, dict) and c.get("title"):
+            out.append(c)
+    return out
+
+
+def read_groups(path: Path):
+    """Yield the groups of ``rollouts.jsonl`` in file order. A group is a run of lines with
+    the same iteration and task whose rollout index keeps rising (a task drawn twice in one
+    iteration makes two groups)."""
+    current: _Group | None = None
+    last_index = -1
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ReportError(f"{path} line {number} is not JSON ({exc.msg})") from None
+            if not isinstance(record, dict) or not isinstance(record.get("trajectory"), dict):
+                raise ReportError(f"{path} line {number} has no 'trajectory' object: not a draco-gym rollout record")
+            traj = record["trajectory"]
+            task_id = str(record.get("task_id") or (traj.get("task") or {}).get("id") or "?")
+            iteration = int(record.get("iteration") or 0)
+            index = int(record.get("index", last_index + 1))
+            if current is None or (iteration, task_id) != (current.iteration, current.task_id) or index <= last_index:
+                if current is not None:
+                    yield current
+                current = _Group(iteration, task_id)
+            current.rows.append((number, record))
+            last_index = index
+    if current is not None:
+        yield current
+
+
+def _verdicts(record: dict) -> list[dict]:
+    score = record.get("score") or {}
+    return [v for v in score.get("verdicts") or [] if isinstance(v, dict) and "criterion" in v]
+
+
+def _reward(record: dict) -> float:
+    score = record.get("score") or {}
+    value = _number(score.get("reward"))
+    if value is not None:
+        return value
+    p, f = score.get("p", 0), score.get("f", 0)
+    return (p - f) / (p + f) if p + f else 0.0
+
+
+def _fallback_stage(reason: str) -> str:
+    """The stage a fallback reason names: ``augment[3]: ...`` -> ``augment``."""
+    return re.split(r"[\[:]", reason, maxsplit=1)[0].strip() or "other"
+
+
+def summarise_group(group: _Group, gid: int, source: str, limits: Limits) -> tuple[dict, dict, dict]:
+    """The group's summary (always loaded), its detail (loaded when opened), and the
+    per-rollout figures the run-level series are derived from."""
+    records = [r for _, r in group.rows]
+    first = records[0]
+    criteria = _criteria_entries(first.get("criteria"))
+    titles = [c["title"] for c in criteria]
+    # A verdict on a title the saved list lacks still shows, as a criterion of unknown origin.
+    for record in records:
+        for v in _verdicts(record):
+            if v["criterion"] not in titles:
+                titles.append(v["criterion"])
+                criteria.append({"title": v["criterion"]})
+    column = {t: j for j, t in enumerate(titles)}
+    dropped = []
+    for d in first.get("dropped") or []:
+        entry = {"title": d} if isinstance(d, str) else dict(d)
+        entry.setdefault("reason", "no rollout of the group failed it (discriminative dropout): "
+                                   "it could not tell the rollouts apart")
+        dropped.append([entry.get("title", "?"), entry.get("origin"), entry["reason"]])
+    fallbacks = [str(f) for f in first.get("fallbacks") or []]
+
+    rewards = [_reward(r) for r in records]
+    advantages = group_advantages(rewards)
+    summary_rows, detail_rows = [], []
+    inert = nonzero = 0
+    for (line, record), a_i in zip(group.rows, advantages):
+        traj = record["trajectory"]
+        steps = traj.get("steps") or []
+        metrics = traj.get("metrics") or {}
+        verdicts = _verdicts(record)
+        matrix: list[int | None] = [None] * len(titles)
+        for v in verdicts:
+            matrix[column[v["criterion"]]] = v.get("score")
+        score = record.get("score") or {}
+        step_adv = [float(a) for a in record.get("step_advantages") or []]
+        if a_i != 0 and step_adv:
+            nonzero += 1
+            inert += all(math.isclose(a, a_i, rel_tol=1e-6, abs_tol=1e-9) for a in step_adv)
+        where = f"{source} line {line}"
+        detail_steps = []
+        termination = traj.get("termination")
+        for j, step in enumerate(steps):
+            text, obs, code = str(step.get("text") or ""), str(step.get("observation") or ""), step.get("code")
+            marks = []
+            if len(text) > limits.judge_message:
+                marks.append(f"judge saw the message shortened to {limits.judge_message} of {len(text)} characters")
+            if len(obs) > limits.judge_observation:
+                marks.append(f"judge saw the observation shortened to {limits.judge_observation} of {len(obs)} characters")
+            if _ENV_TRUNCATION.search(obs):
+                marks.append("the environment truncated this observation")
+            if j == len(steps) - 1 and termination == "length":
+                marks.append("the episode hit its token budget here: this message may be cut off")
+            text_c, _ = cap_text(text, limits.message, where)
+            obs_c, _ = cap_text(obs, limits.observation, where)
+            code_c = None if code is None else cap_text(str(code), limits.code, where)[0]
+            detail_steps.append({"text": text_c, "code": code_c, "obs": obs_c, "n": int(step.get("n_tokens") or 0),
+                                 "marks": marks})
+        detail_rows.append({
+            "line": line,
+            "steps": detail_steps,
+            "verdicts": [{"c": column[v["criterion"]], "s": v.get("score"), "cite": list(v.get("cited_steps") or []),
+                          "ev": cap_text(str(v.get("evidence") or ""), limits.evidence, where)[0],
+                          "just": cap_text(str(v.get("justification") or ""), limits.evidence, where)[0]}
+                         for v in verdicts],
+            "adv": step_adv,
+            "metrics": {k: v for k, v in metrics.items() if isinstance(v, (str, int, float, bool)) or v is None},
+        })
+        summary_rows.append({
+            "line": line, "R": rewards[len(summary_rows)], "A": a_i, "ok": env_success(metrics),
+            "term": termination or "unknown", "ns": len(steps), "p": int(score.get("p") or 0),
+            "f": int(score.get("f") or 0), "v": matrix,
+            "tok": sum(int(s.get("n_tokens") or 0) for s in steps),
+        })
+    task = first["trajectory"].get("task") or {}
+    instruction = cap_text(str(task.get("instruction") or ""), limits.instruction, f"{source} line {group.rows[0][0]}")[0]
+    summary = {"id": gid, "it": group.iteration, "task": group.task_id,
+               "crit": [[c["title"], c.get("origin"), str(c.get("description") or "")[:300]] for c in criteria],
+               "drop": dropped, "fb": fallbacks, "roll": summary_rows}
+    summary["dis"] = disagreements(summary_rows)
+    detail = {"instruction": instruction, "rollouts": detail_rows}
+    derived = {"inert": inert, "nonzero": nonzero, "fb_stages": Counter(_fallback_stage(f) for f in fallbacks),
+               "before": len(titles) + len(dropped), "after": len(titles)}
+    return summary, detail, derived
+
+
+def disagreements(rows: list[dict]) -> list[str]:
+    """Where the judge's reward and the environment's own success disagree in a group:
+    a failed rollout the judge rewards (R > 0), a successful one it punishes (R < 0), or a
+    failed rollout ranked at or above a successful one. The reward-hacking lens."""
+    out = []
+    for i, r in enumerate(rows):
+        if r["ok"] is False and r["R"] > 0:
+            out.append(f"#{i + 1} failed in the environment but the judge rewarded it (R={r['R']:+.2f})")
+        elif r["ok"] is True and r["R"] < 0:
+            out.append(f"#{i + 1} succeeded in the environment but the judge punished it (R={r['R']:+.2f})")
+    failed = [(i, r["R"]) for i, r in enumerate(rows) if r["ok"] is False]
+    passed = [(i, r["R"]) for i, r in enumerate(rows) if r["ok"] is True]
+    if failed and passed:
+        worst_pass = min(passed, key=lambda x: x[1])
+        best_fail = max(failed, key=lambda x: x[1])
+        if best_fail[1] >= worst_pass[1]:
+            out.append(f"#{best_fail[0] + 1} failed yet ranks at or above #{worst_pass[0] + 1}, which succeeded "
+                       f"(R={best_fail[1]:+.2f} vs {worst_pass[1]:+.2f})")
+    return out
+
+
+def _read_summary(run: Path) -> dict | None:
+    """Before/after evaluation: ``summary.json``'s ``eval`` section, else ``eval/summary.json``."""
+    for path in (run / "summary.json", run / "eval" / "summary.json"):
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ReportError(f"{path} is not JSON ({exc.msg})") from None
+        if not isinstance(data, dict):
+            continue
+        section = data.get("eval") if isinstance(data.get("eval"), dict) else None
+        if section is None:
+            section = {"checkpoint": data}
+        return {"file": path.relative_to(run).as_posix(),
+                "columns": {name: _flatten(v) for name, v in section.items() if isinstance(v, dict)}}
+    return None
+
+
+# -- the page ----------------------------------------------------------------------------------
+
+
+def embed_json(data) -> str:
+    """JSON that is inert inside an HTML ``<script>`` element: no ``<``, ``>`` or ``&`` is
+    left to end the element or open a comment, and JSON.parse reads the escapes back."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+
+
+def _pack(detail: dict) -> str:
+    raw = json.dumps(detail, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    return base64.b64encode(gzip.compress(raw, compresslevel=5, mtime=0)).decode("ascii")
+
+
+def _asset(name: str) -> str:
+    return resources.files("draco_gym").joinpath(_ASSETS, name).read_text(encoding="utf-8")
+
+
+def _series(rows: list[dict]) -> tuple[list[float], dict[str, list[float | None]]]:
+    keys = sorted({k for r in rows for k, v in r.items() if _number(v) is not None})
+    it_key = find_metric(keys, METRIC_NAMES["iteration"])
+    xs = [(_number(r.get(it_key)) if it_key else None) or float(i + 1) for i, r in enumerate(rows)]
+    return xs, {k: [_number(r.get(k)) for r in rows] for k in keys if k != it_key}
+
+
+def build_report(run_dir: str | Path, out: str | Path | None = None, *, limits: Limits | None = None,
+                 title: str | None = None) -> Path:
+    """Write the HTML report of ``run_dir``; returns its path (default RUN_DIR/report.html)."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise ReportError(f"{run}: no such run directory")
+    metrics_path, rollouts_path = run / "metrics.jsonl", run / "rollouts.jsonl"
+    if not metrics_path.is_file() and not rollouts_path.is_file():
+        raise ReportError(f"{run} has neither metrics.jsonl nor rollouts.jsonl: is it a draco-gym run directory "
+                          "(the output_dir of `draco-gym train`)?")
+    limits = limits or Limits()
+
+    rows = read_metrics(metrics_path) if metrics_path.is_file() else []
+    xs, series = _series(rows)
+    names = {what: find_metric(list(series), alts) for what, alts in METRIC_NAMES.items() if what != "iteration"}
+
+    groups, chunks = [], []
+    per_iteration: dict[int, dict] = {}
+    if rollouts_path.is_file():
+        for gid, group in enumerate(read_groups(rollouts_path)):
+            summary, detail, derived = summarise_group(group, gid, rollouts_path.name, limits)
+            groups.append(summary)
+            chunks.append(_pack(detail))
+            agg = per_iteration.setdefault(group.iteration, {"R": [], "ok": [], "p": 0, "f": 0, "before": [], "after": [],
+                                                             "inert": 0, "nonzero": 0, "fb": Counter(), "term": Counter()})
+            for r in summary["roll"]:
+                agg["R"].append(r["R"])
+                agg["p"] += r["p"]
+                agg["f"] += r["f"]
+                agg["term"][r["term"]] += 1
+                if r["ok"] is not None:
+                    agg["ok"].append(float(r["ok"]))
+            agg["before"].append(derived["before"])
+            agg["after"].append(derived["after"])
+            agg["inert"] += derived["inert"]
+            agg["nonzero"] += derived["nonzero"]
+            agg["fb"].update(derived["fb_stages"])
+
+    # Rollouts count iterations from 0 (the trainer's count before the step), metrics.jsonl
+    # from 1 (training_iteration): shift so that both name an iteration alike.
+    shift = 1 if per_iteration and min(per_iteration) == 0 else 0
+    for g in groups:
+        g["it"] += shift
+    derived_series = _derived_series({k + shift: v for k, v in per_iteration.items()})
+
+    index = {
+        "title": title or run.resolve().name,
+        "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "files": {"metrics": metrics_path.name if metrics_path.is_file() else None,
+                  "rollouts": rollouts_path.name if rollouts_path.is_file() else None},
+        "metrics": {"x": xs, "series": series, "names": names},
+        "derived": derived_series,
+        "eval": _read_summary(run),
+        "groups": groups,
+        "limits": {"observation": limits.observation, "message": limits.message, "code": limits.code},
+    }
+    html = render_html(index, chunks)
+    target = Path(out) if out else run / "report.html"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(html, encoding="utf-8")
+    return target
+
+
+def _derived_series(per_iteration: dict[int, dict]) -> dict:
+    """Run-level series computed from rollouts.jsonl itself, for runs whose metrics lack them."""
+    its = sorted(per_iteration)
+    out: dict[str, Any] = {"x": its}
+
+    def mean(values):
+        return sum(values) / len(values) if values else None
+
+    aggs = [per_iteration[i] for i in its]
+    out["reward"] = [mean(a["R"]) for a in aggs]
+    out["pass_rate"] = [a["p"] / (a["p"] + a["f"]) if a["p"] + a["f"] else None for a in aggs]
+    out["env_success"] = [mean(a["ok"]) for a in aggs]
+    out["criteria_before"] = [mean(a["before"]) for a in aggs]
+    out["criteria_after"] = [mean(a["after"]) for a in aggs]
+    out["inert_share"] = [a["inert"] / a["nonzero"] if a["nonzero"] else None for a in aggs]
+    modes = sorted({m for a in aggs for m in a["term"]})
+    out["termination"] = {m: [a["term"][m] / max(sum(a["term"].values()), 1) for a in aggs] for m in modes}
+    stages = sorted({s for a in aggs for s in a["fb"]})
+    out["fallbacks"] = {s: [a["fb"][s] for a in aggs] for s in stages}
+    return out
+
+
+def render_html(index: dict, chunks: list[str]) -> str:
+    script = _asset("report.js")
+    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode()
+    csp = (f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; img-src data:; "
+           "connect-src 'none'; form-action 'none'; base-uri 'none'")
+    parts = [
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
+        f'<meta http-equiv="Content-Security-Policy" content="{csp}">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        "<title>draco-gym report</title>",
+        "<style>", _asset("report.css"), "</style></head><body>",
+        '<noscript>This report needs JavaScript to draw its views.</noscript>',
+        '<div id="app"><p class="loading">Loading the run…</p></div>',
+        '<script type="application/json" id="run-index">', embed_json(index), "</script>",
+    ]
+    # Base64 has no character that could end the element.
+    parts.extend(f'<script type="application/octet-stream" id="g{i}">{chunk}</script>' for i, chunk in enumerate(chunks))
+    parts.extend(["<script>", script, "</script></body></html>\n"])
+    return "".join(parts)
+
+
+# -- the command -------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run's output_dir (metrics.jsonl, rollouts.jsonl, ...)")
+    parser.add_argument("-o", "--output", help="where to write the HTML (default RUN_DIR/report.html)")
+    parser.add_argument("--title", help="the report's title (default: the run directory's name)")
+    parser.add_argument("--max-observation-chars", type=int, default=Limits.observation, metavar="N",
+                        help="embed at most N characters of each observation, head and tail (default %(default)s); "
+                             "the rest is named by its rollouts.jsonl line")
+    parser.add_argument("--max-message-chars", type=int, default=Limits.message, metavar="N",
+                        help="the same for each message and code block (default %(default)s)")
+    parser.add_argument("--judge-message-chars", type=int, default=JUDGE_MESSAGE_CHARS, metavar="N",
+                        help="the judge's message limit, to mark steps it saw shortened (default %(default)s)")
+    parser.add_argument("--judge-observation-chars", type=int, default=JUDGE_OBSERVATION_CHARS, metavar="N",
+                        help="the judge's observation limit (default %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in ("max_observation_chars", "max_message_chars", "judge_message_chars", "judge_observation_chars"):
+        if getattr(args, name) < 1:
+            print(f"error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}", file=sys.stderr)
+            return 2
+    limits = Limits(observation=args.max_observation_chars, message=args.max_message_chars,
+                    code=args.max_message_chars, judge_message=args.judge_message_chars,
+                    judge_observation=args.judge_observation_chars)
+    started = time.perf_counter()
+    try:
+        path = build_report(args.run_dir, args.output, limits=limits, title=args.title)
+    except ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    size = path.stat().st_size / 2**20
+    print(f"report: {path} ({size:.1f} MiB, {time.perf_counter() - started:.1f} s); open it in a browser")
+    return 0
