@@ -1,0 +1,285 @@
+"""``draco-gym report``: the HTML page opened in headless Chromium and read from its DOM.
+
+The hand-made run has known verdicts, citations, a planted judge/env disagreement and a
+hostile rollout; the slow test reports on a real run of the GRPO trainer. Every page load
+records each request the page makes and each Content-Security-Policy violation: a report
+must not reach for anything beyond its own file.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import random
+import shutil
+
+import pytest
+
+from draco_gym import report
+from draco_gym.cli import main
+from report_fixtures import GUESSES, HOSTILE_CRITERION, HOSTILE_TEXT, READS_TOTAL, write_hand_made_run
+
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+
+
+def chromium_path() -> str:
+    path = os.environ.get("DRACO_GYM_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if not path:
+        pytest.fail("no chromium on PATH: install Debian's chromium (apt-get install -y chromium; .ci/run does) "
+                    "or set DRACO_GYM_CHROMIUM to a Chromium binary")
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as pw:
+        chrome = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_FLAGS)
+        yield chrome
+        chrome.close()
+
+
+class Page:
+    """A report opened in a fresh page that records requests, dialogs, errors and CSP
+    violations."""
+
+    def __init__(self, browser, html_path):
+        self.url = html_path.resolve().as_uri()
+        self.requests, self.dialogs, self.errors = [], [], []
+        self.context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(10_000)
+        self.page.add_init_script("window.__violations = [];"
+                                  "document.addEventListener('securitypolicyviolation',"
+                                  " e => window.__violations.push(e.violatedDirective + ' ' + e.blockedURI));")
+        self.page.route("**/*", self._route)
+        self.page.on("dialog", self._dialog)
+        self.page.on("pageerror", lambda exc: self.errors.append(str(exc)))
+        self.page.goto(self.url)
+        self.page.wait_for_selector("body[data-ready='1']")
+
+    def _route(self, route):
+        self.requests.append(route.request.url)
+        if route.request.url == self.url:
+            route.continue_()
+        else:
+            route.abort()
+
+    def _dialog(self, dialog):
+        self.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    def show(self, hash_, wait_for):
+        self.page.evaluate("h => { location.hash = h; }", hash_)
+        self.page.wait_for_selector(wait_for)
+        return self.page
+
+    def left_the_page(self):
+        """Requests for anything but the report itself, and CSP violations."""
+        violations = self.page.evaluate("window.__violations")
+        return [u for u in self.requests if u != self.url] + violations
+
+    def close(self):
+        self.context.close()
+
+
+@pytest.fixture(scope="module")
+def hand_made(tmp_path_factory):
+    run = tmp_path_factory.mktemp("hand") / "run"
+    expected = write_hand_made_run(run)
+    path = report.build_report(run)
+    return run, path, expected
+
+
+@pytest.fixture
+def page(browser, hand_made):
+    opened = Page(browser, hand_made[1])
+    yield opened
+    opened.close()
+
+
+def test_group_table_has_one_row_per_rollout_and_the_rubric_shows_origins(page, hand_made):
+    _, _, expected = hand_made
+    for gid, (task, g) in enumerate(expected["groups"]):
+        p = page.show(f"#group/{gid}", "#group-table tbody tr")
+        assert p.locator("#group-table tbody tr").count() == g
+        assert p.locator("h2 code").inner_text() == task
+    # The third group saved Criterion dumps: their origins show, and the dropped one says why.
+    p = page.show("#group/2", "#rubric .cites")
+    rubric = p.locator("#rubric tbody").inner_text()
+    assert "proposed" in rubric and "from a rollout" in rubric
+    assert "Authenticates first" in p.locator(".dropped").inner_text()
+    assert "discriminative dropout" in p.locator(".dropped").inner_text()
+    assert "augment[2]" in p.locator(".fallbacks").inner_text()
+    # R_i and A_i: the second group's rewards are (0, 1, -1), so A = (0, +1.22, -1.22).
+    p = page.show("#group/1", "#group-table tbody tr")
+    cells = [p.locator("#group-table tbody tr").nth(i).locator("td").nth(1).inner_text() for i in range(3)]
+    assert cells == ["0.00", "+1.00", "-1.00"]
+    assert "+1.22" in p.locator("#group-table tbody tr").nth(1).inner_text()
+    assert page.errors == [] and page.left_the_page() == []
+
+
+def test_a_cited_step_shows_its_verdicts_with_evidence_and_its_credit(page):
+    p = page.show("#rollout/0/0", "#step-2 .citing")
+    step1, step2 = p.locator("#step-1"), p.locator("#step-2")
+    assert READS_TOTAL in step1.locator(".citing").inner_text()
+    assert READS_TOTAL not in step2.locator(".citing").inner_text()
+    assert GUESSES in step2.locator(".citing").inner_text()
+    assert step1.locator(".vcite.pass").count() == 1 and step1.locator(".vcite.fail").count() == 0
+    # The evidence is folded; opening it shows the judge's words.
+    evidence = step1.locator(".vcite .evidence")
+    assert not evidence.is_visible()
+    step1.locator(".vcite summary").click()
+    assert "printed {'total': 42.5}" in evidence.inner_text()
+    # Credit: per-token advantage and push against the uniform baseline A_i.
+    assert step1.locator(".cbar-value").first.inner_text() == "+1.830"
+    assert "A_i = +1.225" in p.locator(".legend-box").inner_text()
+    assert "no code: closing message" in p.locator("#step-3 .step-head").inner_text()
+    # A failing rollout's cited step is coloured as a failure.
+    p = page.show("#rollout/0/1", "#step-1 .citing")
+    assert p.locator("#step-1 .vcite.fail").count() == 3
+
+
+def test_long_observations_are_folded_capped_and_point_at_their_jsonl_line(page):
+    p = page.show("#rollout/0/2", "#step-1")
+    step = p.locator("#step-1")
+    marks = step.locator(".step-head").inner_text()
+    assert "judge saw the observation shortened to 2000 of 6000 characters" in marks
+    observation = step.locator("details.block", has_text="observation")
+    assert not observation.locator("pre").is_visible()  # folded
+    text = observation.locator("pre").text_content()
+    assert "characters not embedded: full text in rollouts.jsonl line 3" in text
+    assert len(text) < 1200
+    # The run cut by its token budget marks its last step.
+    p = page.show("#rollout/2/3", "#step-2")
+    assert "token budget" in p.locator("#step-2 .step-head").inner_text()
+
+
+def test_filters_find_groups_by_task_criterion_verdict_termination_and_disagreement(page, hand_made):
+    _, _, expected = hand_made
+
+    def tasks(query):
+        p = page.show(f"#groups?{query}", "#match-count")
+        return [p.locator("#groups-table tbody tr").nth(i).locator("td").nth(1).inner_text()
+                for i in range(p.locator("#groups-table tbody tr").count())]
+
+    everything = [t for t, _ in expected["groups"]]
+    assert tasks("") == everything
+    assert tasks("dis=1") == expected["disagree"]
+    assert tasks("task=refund-2") == ["refund-2"]
+    assert tasks("crit=order+total&verdict=fail") == ["order-total-1"]
+    assert tasks("crit=guess&verdict=na") == ["order-total-1"]
+    assert tasks("crit=refund+went&verdict=pass") == ["refund-2"]
+    assert tasks("crit=authenticates&verdict=dropped") == ["refund-2"]
+    assert tasks("term=max_turns") == ["order-total-1"]
+    assert tasks("term=length&dis=1") == ["refund-2"]
+    # Through the controls, as a user does: tick the lens.
+    p = page.show("#groups", "#groups-table")
+    p.locator("input[name=dis]").check()
+    p.wait_for_function("location.hash.includes('dis=1')")
+    p.wait_for_function("document.querySelectorAll('#groups-table tbody tr').length === 2")
+    assert "judge rewarded it" in p.locator("#groups-table tbody tr").first.inner_text()
+
+
+def test_hostile_rollout_renders_as_text_and_runs_nothing(page):
+    p = page.show("#rollout/1/0", "#step-1 .citing")
+    assert HOSTILE_TEXT in p.locator("#step-1 .step-main pre").first.inner_text()
+    assert "<script>alert(2)</script>" in p.locator("#step-1").inner_text()
+    assert HOSTILE_CRITERION in p.locator("table.verdicts").inner_text()
+    p.locator("#step-1 .vcite summary").first.click()
+    assert "</script><script>alert(5)</script>" in p.locator("#step-1 .vcite").first.inner_text()
+    page.show("#group/1", "#rubric .cites")
+    page.show("#groups", "#groups-table")
+    assert page.dialogs == []
+    assert p.evaluate("document.querySelectorAll('#pwned, #pwned-crit, img, i, b').length") == 0
+    # Only the page's own scripts: the index, one block per group, and the program.
+    assert p.evaluate("document.scripts.length") == 1 + 3 + 1
+    assert p.evaluate("document.querySelectorAll('html').length") == 1
+    assert page.errors == [] and page.left_the_page() == []
+
+
+def test_no_request_leaves_the_page_in_any_view(page):
+    for hash_, sel in [("#groups", "#groups-table"), ("#group/2", "#rubric .cites"), ("#rollout/2/0", "#step-1"),
+                       ("#run", ".charts svg")]:
+        page.show(hash_, sel)
+    page.page.locator("details.card summary").first.click()  # every metric, with sparklines
+    assert page.left_the_page() == []
+    assert page.errors == []
+
+
+def test_run_at_a_glance_draws_every_figure_and_the_evaluation(page):
+    p = page.show("#run", ".charts svg")
+    captions = p.locator(".chart-card figcaption").all_inner_texts()
+    for words in ("Reward", "dropout", "Inert-credit", "Termination", "Judge cost", "Judge tokens", "fallbacks", "Time"):
+        assert any(words in c for c in captions), (words, captions)
+    assert p.locator(".chart-card svg path, .chart-card svg polygon").count() >= 10
+    evaluation = p.locator("table.eval").inner_text()
+    assert "success_rate" in evaluation and "+0.250" in evaluation
+    assert "metrics.jsonl: reward_mean" in p.locator(".charts").inner_text()
+
+
+# -- the generator, without a browser --------------------------------------------------------
+
+
+def test_embedded_json_cannot_end_its_script_element():
+    hostile = {"a": "</script><script>alert(1)</script>", "b": "<!--", "c": "&lt;", "d": "\u2028"}
+    text = report.embed_json(hostile)
+    assert "<" not in text and ">" not in text and "&" not in text
+    assert json.loads(text) == hostile
+
+
+def test_group_advantages_match_the_training_layer():
+    from draco_gym.algos.credit import group_advantages
+
+    rng = random.Random(0)
+    for g in (1, 2, 6, 16):
+        rewards = [rng.choice([-1.0, -0.5, 0.0, 0.5, 1.0, rng.uniform(-1, 1)]) for _ in range(g)]
+        assert report.group_advantages(rewards) == pytest.approx(group_advantages(rewards))
+    assert report.group_advantages([0.5, 0.5]) == [0.0, 0.0]
+
+
+def test_judge_limits_match_what_the_judge_reads():
+    from draco_gym.reward.render import render_trajectory
+
+    params = inspect.signature(render_trajectory).parameters
+    assert report.JUDGE_MESSAGE_CHARS == params["max_message_chars"].default
+    assert report.JUDGE_OBSERVATION_CHARS == params["max_observation_chars"].default
+
+
+def test_renamed_metrics_are_found_under_a_prefix_and_missing_ones_are_derived(tmp_path):
+    run = tmp_path / "run"
+    write_hand_made_run(run)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    nested = [{"env_runners": {"reward_mean": r["reward_mean"]}, "training_iteration": r["training_iteration"]}
+              for r in rows]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in nested))
+    html = report.build_report(run).read_text()
+    index = json.loads(html.split('id="run-index">', 1)[1].split("</script>", 1)[0])
+    assert index["metrics"]["names"]["reward"] == "env_runners/reward_mean"
+    assert index["metrics"]["names"]["pass_rate"] is None
+    derived = index["derived"]
+    assert derived["x"] == [1, 2]
+    # From rollouts.jsonl: the third group's verdicts are 4 passes and 4 fails; the first
+    # iteration's groups had 3 + 1 dropped and 2 criteria, the second's 2 + 1 dropped.
+    assert derived["pass_rate"][1] == pytest.approx(4 / 8)
+    assert derived["criteria_before"] == [3, 3] and derived["criteria_after"] == [2.5, 2]
+    assert derived["fallbacks"] == {"augment": [0, 1]}
+
+
+def test_bad_run_directories_are_named_in_the_error(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    assert "no such run directory" in capsys.readouterr().err
+    assert main(["report", str(tmp_path)]) == 2
+    assert "neither metrics.jsonl nor rollouts.jsonl" in capsys.readouterr().err
+    (tmp_path / "rollouts.jsonl").write_text('{"iteration": 0}\n{not json\n')
+    assert main(["report", str(tmp_path)]) == 2
+    assert "line 1 has no 'trajectory'" in capsys.readouterr().err
+    run = tmp_path / "ok"
+    write_hand_made_run(run)
+    assert main(["report", str(run), "--max-observation-chars", "0"]) == 2
+    assert "--max-observation-chars must be >= 1" in capsys.readouterr().err
+    assert main(["report", str(run), "-o", str(tmp_path / "out" / "r.html")]) == 0
+    assert (tmp_path / "out" / "r.html").stat().st_size > 10_000
+    assert "r.html" in capsys.readouterr().out
