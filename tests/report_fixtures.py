@@ -11,7 +11,7 @@ from draco_gym.types import Criterion, Step, Task, Trajectory, TrajectoryScore, 
 
 HOSTILE_TEXT = "<script>alert(1)</script></html><b id=\"pwned\">bold</b>"
 HOSTILE_OBSERVATION = "</script><script>alert(2)</script><img src=x onerror=\"alert(3)\"><!-- </body>"
-HOSTILE_CRITERION = "Avoids <b id=\"pwned-crit\">markup</b></script>"
+HOSTILE_CRITERION = "Avoids </script><b id=\"pwned-crit\">markup</b><script>alert(6)</script>"
 LONG_OBSERVATION = "row " * 1500  # 6000 characters: over the embedding cap and the judge's limit
 
 READS_TOTAL = "Reads the order total from the API"

@@ -58,7 +58,10 @@ class Page:
         self.page.on("dialog", self._dialog)
         self.page.on("pageerror", lambda exc: self.errors.append(str(exc)))
         self.page.goto(self.url)
+
+    def wait_ready(self):
         self.page.wait_for_selector("body[data-ready='1']")
+        return self
 
     def _route(self, route):
         self.requests.append(route.request.url)
@@ -96,7 +99,7 @@ def hand_made(tmp_path_factory):
 @pytest.fixture
 def page(browser, hand_made):
     opened = Page(browser, hand_made[1])
-    yield opened
+    yield opened.wait_ready()
     opened.close()
 
 
@@ -183,7 +186,24 @@ def test_filters_find_groups_by_task_criterion_verdict_termination_and_disagreem
     assert "judge rewarded it" in p.locator("#groups-table tbody tr").first.inner_text()
 
 
-def test_hostile_rollout_renders_as_text_and_runs_nothing(page):
+def _injected(p) -> int:
+    return p.evaluate("document.querySelectorAll('#pwned, #pwned-crit, img, i, b').length")
+
+
+def test_hostile_rollout_renders_as_text_and_runs_nothing(browser, hand_made):
+    page = Page(browser, hand_made[1])
+    try:
+        _hostile_checks(page)
+    finally:
+        page.close()
+
+
+def _hostile_checks(page):
+    # Before the page's own script draws anything: the data blocks parsed as data only.
+    assert page.dialogs == []
+    assert _injected(page.page) == 0
+    assert page.page.evaluate("document.scripts.length") == 1 + 3 + 1
+    page.wait_ready()
     p = page.show("#rollout/1/0", "#step-1 .citing")
     assert HOSTILE_TEXT in p.locator("#step-1 .step-main pre").first.inner_text()
     assert "<script>alert(2)</script>" in p.locator("#step-1").inner_text()
@@ -193,7 +213,7 @@ def test_hostile_rollout_renders_as_text_and_runs_nothing(page):
     page.show("#group/1", "#rubric .cites")
     page.show("#groups", "#groups-table")
     assert page.dialogs == []
-    assert p.evaluate("document.querySelectorAll('#pwned, #pwned-crit, img, i, b').length") == 0
+    assert _injected(p) == 0
     # Only the page's own scripts: the index, one block per group, and the program.
     assert p.evaluate("document.scripts.length") == 1 + 3 + 1
     assert p.evaluate("document.querySelectorAll('html').length") == 1

@@ -164,7 +164,7 @@
       });
     });
     var legend = el('div', { class: 'legend' }, series.map(function (s, si) {
-      return el('span', null, el('i', { style: 'background:' + (s.color || COLORS[si % COLORS.length]) }), s.name);
+      return el('span', null, el('span', { class: 'swatch', style: 'background:' + (s.color || COLORS[si % COLORS.length]) }), s.name);
     }));
     return el('figure', { class: 'card chart-card' }, el('figcaption', null, title), g, legend,
       opts.source ? el('div', { class: 'source' }, opts.source) : null);
