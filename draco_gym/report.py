@@ -66,6 +66,12 @@ _SUCCESS_KEYS = ("success", "task_success", "is_success", "solved")
 
 _ASSETS = "report_assets"
 
+# The token arrays of a trajectory (a 50-step episode holds tens of thousands of entries in
+# each) are most of a rollout line and the report never shows them: they are cut out of the
+# line before it is parsed. Inside a JSON string every quote is escaped, so the pattern
+# matches only the keys themselves.
+_TOKEN_ARRAYS = re.compile(r',\s*"token_(?:ids|step|logprobs)"\s*:\s*\[[^\]]*\]')
+
 
 class ReportError(ValueError):
     """The run directory cannot be reported on; the message says what is wrong with it."""
@@ -196,7 +202,7 @@ def read_groups(path: Path):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = json.loads(_TOKEN_ARRAYS.sub("", line))
             except json.JSONDecodeError as exc:
                 raise ReportError(f"{path} line {number} is not JSON ({exc.msg})") from None
             if not isinstance(record, dict) or not isinstance(record.get("trajectory"), dict):

@@ -303,3 +303,67 @@ def test_bad_run_directories_are_named_in_the_error(tmp_path, capsys):
     assert main(["report", str(run), "-o", str(tmp_path / "out" / "r.html")]) == 0
     assert (tmp_path / "out" / "r.html").stat().st_size > 10_000
     assert "r.html" in capsys.readouterr().out
+
+
+# -- a real run ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_report_of_a_real_training_run(tmp_path, browser, capsys):
+    """Two iterations of the GRPO trainer (tiny random Llama, PythonTools, the rule rubric)
+    through `draco-gym train`, then `draco-gym report` on its output directory."""
+    yaml = pytest.importorskip("yaml")
+    from draco_gym.algos.models import build_tiny_llama
+
+    model = build_tiny_llama(tmp_path / "tiny")
+    out = tmp_path / "run"
+    config = {
+        "name": "report", "output_dir": str(out), "iterations": 2,
+        "env": {"id": "draco_gym/PythonTools-v0", "config": {"max_turns": 2}},
+        "policy": {"model": str(model), "lora": {"r": 4, "alpha": 8}},
+        "rollout": {"group_size": 3, "tasks_per_iteration": 2, "max_new_tokens": 8, "max_response_tokens": 64},
+        "reward": {"name": "rule"}, "credit": {"name": "draco"}, "optim": {"minibatch_size": None},
+        "resources": {"ray_num_cpus": 2, "object_store_memory_mb": 80},
+    }
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    assert main(["train", str(tmp_path / "run.yaml")]) == 0
+    assert main(["report", str(out)]) == 0
+    assert "report.html" in capsys.readouterr().out
+
+    records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    page = Page(browser, out / "report.html").wait_ready()
+    try:
+        p = page.show("#groups", "#groups-table")
+        assert p.locator("#groups-table tbody tr").count() == 2 * 2
+        assert "metrics.jsonl: reward_mean" in page.show("#run", ".charts svg").locator(".charts").inner_text()
+        for gid in range(4):
+            p = page.show(f"#group/{gid}", "#group-table tbody tr")
+            assert p.locator("#group-table tbody tr").count() == 3
+            assert p.locator("#rubric tbody tr").count() == len(records[3 * gid]["criteria"])
+        first = records[0]
+        p = page.show("#rollout/0/0", "#steps .ended")
+        assert p.locator("#steps article.step").count() == len(first["trajectory"]["steps"])
+        assert p.locator("table.verdicts tbody tr").count() == len(first["score"]["verdicts"])
+        assert f"R_i (judge reward)" in p.locator(".stats").inner_text()
+        assert page.errors == [] and page.left_the_page() == []
+    finally:
+        page.close()
+
+
+def test_token_arrays_are_skipped_but_text_that_names_them_is_kept(tmp_path):
+    from draco_gym.types import Step, Task, Trajectory, TrajectoryScore
+
+    sneaky = 'print(\'{"token_ids": [1, 2], "token_step": [1]}\')'
+    traj = Trajectory(task=Task(id="t", instruction="i"), steps=[Step(index=1, text=sneaky, code=sneaky, observation="]")],
+                      token_ids=[5, 6, 7], token_step=[-1, 1, 1], token_logprobs=[0.0, -0.5, -0.25])
+    record = {"iteration": 0, "task_id": "t", "index": 0, "trajectory": traj.model_dump(mode="json"),
+              "score": TrajectoryScore().model_dump(mode="json"), "criteria": [], "dropped": [], "fallbacks": [],
+              "step_advantages": [0.0]}
+    (tmp_path / "rollouts.jsonl").write_text(json.dumps(record) + "\n" + json.dumps(record, indent=1).replace("\n", "") + "\n")
+    groups = list(report.read_groups(tmp_path / "rollouts.jsonl"))
+    assert len(groups) == 2  # the second line restarts at index 0: a new group
+    for group in groups:
+        (_, parsed), = group.rows
+        assert parsed["trajectory"]["steps"][0]["text"] == sneaky
+        assert parsed["trajectory"]["steps"][0]["observation"] == "]"
+        assert not {"token_ids", "token_step", "token_logprobs"} & set(parsed["trajectory"])

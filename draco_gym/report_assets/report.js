@@ -118,18 +118,20 @@
       xs.forEach(function (_, i) { stackedTop.push(series.reduce(function (s, ser) { return s + (ser.y[i] || 0); }, 0)); });
       all = all.concat(stackedTop);
     }
-    var ymin = opts.ymin !== undefined ? opts.ymin : Math.min.apply(null, all.concat([0]));
-    var ymax = opts.ymax !== undefined ? opts.ymax : Math.max.apply(null, all.concat([ymin + 1e-9]));
-    if (ymax === ymin) ymax = ymin + 1;
+    var lo = Math.min.apply(null, all.concat([0])), hi = Math.max.apply(null, all.concat([lo + 1e-9]));
+    if (opts.ymin !== undefined) lo = opts.ymin;
+    if (opts.ymax !== undefined) hi = Math.max(opts.ymax, hi);
+    var step = niceStep(hi - lo);
+    var ymin = Math.floor(lo / step + 1e-9) * step, ymax = Math.ceil(hi / step - 1e-9) * step;
+    if (ymax <= ymin) ymax = ymin + step;
     var xmin = Math.min.apply(null, xs), xmax = Math.max.apply(null, xs);
     if (xmax === xmin) { xmin -= 0.5; xmax += 0.5; }
     var px = function (x) { return L + (x - xmin) / (xmax - xmin) * (W - L - R); };
     var py = function (y) { return T + (1 - (y - ymin) / (ymax - ymin)) * (H - T - B); };
     var g = sv('svg', { viewBox: '0 0 ' + W + ' ' + H, class: 'chart', role: 'img', 'aria-label': title });
-    for (var k = 0; k <= 4; k++) {
-      var yv = ymin + (ymax - ymin) * k / 4;
+    for (var yv = ymin; yv <= ymax + step / 2; yv += step) {
       g.appendChild(sv('line', { x1: L, x2: W - R, y1: py(yv), y2: py(yv), class: 'grid' }));
-      g.appendChild(sv('text', { x: L - 4, y: py(yv) + 4, class: 'tick', 'text-anchor': 'end' }, fmt(yv)));
+      g.appendChild(sv('text', { x: L - 4, y: py(yv) + 4, class: 'tick', 'text-anchor': 'end' }, String(Number(yv.toFixed(6)))));
     }
     var ticks = Math.min(xs.length, 8);
     for (var t = 0; t < ticks; t++) {
@@ -170,12 +172,18 @@
       opts.source ? el('div', { class: 'source' }, opts.source) : null);
   }
 
+  // A tick spacing of 1, 2, 2.5 or 5 times a power of ten giving about four intervals.
+  function niceStep(span) {
+    var raw = (span > 0 ? span : 1) / 4, mag = Math.pow(10, Math.floor(Math.log10(raw))), f = raw / mag;
+    return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 2.5 ? 2.5 : f <= 5 ? 5 : 10) * mag;
+  }
+
   function pick(what) {
     var key = INDEX.metrics.names[what];
     if (key && INDEX.metrics.series[key] && INDEX.metrics.series[key].some(notNull))
       return { x: INDEX.metrics.x, y: INDEX.metrics.series[key], source: 'metrics.jsonl: ' + key };
     var d = INDEX.derived[what];
-    if (d && d.some(notNull)) return { x: INDEX.derived.x, y: d, source: 'derived from rollouts.jsonl' };
+    if (Array.isArray(d) && d.some(notNull)) return { x: INDEX.derived.x, y: d, source: 'derived from rollouts.jsonl' };
     return null;
   }
   function notNull(v) { return v !== null && v !== undefined; }
@@ -189,9 +197,10 @@
     return out;
   }
 
+  var missing = [];
   function chartOf(title, entries, opts) {
     entries = entries.filter(function (e) { return e.data; });
-    if (!entries.length) return null;
+    if (!entries.length) { missing.push(title); return null; }
     var xs = entries[0].data.x;
     var sources = [];
     var series = entries.map(function (e) {
@@ -205,7 +214,7 @@
 
   function stackedOf(title, modes, xs, source, opts) {
     var names = Object.keys(modes);
-    if (!names.length) return null;
+    if (!names.length) { missing.push(title); return null; }
     opts = opts || {};
     opts.stacked = true;
     opts.source = source;
@@ -213,6 +222,7 @@
   }
 
   function runView(main) {
+    missing = [];
     var charts = el('div', { class: 'charts' });
     var add = function (c) { if (c) charts.appendChild(c); };
     add(chartOf('Reward, rubric pass rate and env success per iteration', [
@@ -242,7 +252,8 @@
     Object.keys(times).forEach(function (p) { if (p !== 'iteration') timeData[p] = times[p].y; });
     add(stackedOf('Time per phase (s)', timeData, INDEX.metrics.x, 'metrics.jsonl: time/*', { ymin: 0 }));
 
-    main.appendChild(el('section', null, el('h2', null, 'The run at a glance'), summaryCards(), charts));
+    main.appendChild(el('section', null, el('h2', null, 'The run at a glance'), summaryCards(), charts,
+      missing.length ? el('p', { class: 'source', id: 'missing' }, 'Not in this run (no such key in metrics.jsonl, nothing to derive from rollouts.jsonl): ' + missing.join('; ') + '.') : null));
     if (!charts.firstChild) charts.appendChild(el('p', { class: 'empty' }, 'No per-iteration figures: the run has no metrics.jsonl and no rollouts.'));
     if (INDEX.eval) main.appendChild(evalTable(INDEX.eval));
     main.appendChild(allMetrics());
@@ -476,9 +487,9 @@
 
   function advBar(a) {
     var w = Math.min(Math.abs(a) / 2.5, 1) * 50;
-    return el('span', { class: 'advbar', title: 'A_i = ' + signed(a, 3) },
-      el('span', { class: 'fill ' + (a >= 0 ? 'pos' : 'neg'), style: (a >= 0 ? 'left:50%;' : 'right:50%;') + 'width:' + w.toFixed(1) + '%' }),
-      el('span', { class: 'label' }, signed(a)));
+    return el('span', { class: 'adv', title: 'A_i = ' + signed(a, 3) }, el('span', { class: 'label' }, signed(a)),
+      el('span', { class: 'advbar' },
+        el('span', { class: 'fill ' + (a >= 0 ? 'pos' : 'neg'), style: (a >= 0 ? 'left:50%;' : 'right:50%;') + 'width:' + w.toFixed(1) + '%' })));
   }
 
   function folded(label, text, limit) {

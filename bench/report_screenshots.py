@@ -1,0 +1,124 @@
+"""Screenshots of the report's views for the README, from a small run made of real parts.
+
+Scripted agents (those of `draco-gym demo`, plus one that stops before submitting) play
+PythonTools shop tasks in the real environment; each group is scored by the real rule
+rubric and its credit assigned by the real DRACO rule, and the rollouts are written in the
+trainer's rollouts.jsonl format. `draco-gym report` then renders it and headless Chromium
+takes one screenshot per view into bench/results/.
+
+    python bench/report_screenshots.py [--out bench/results] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import gymnasium as gym
+
+import draco_gym  # noqa: F401 - registers the environments
+from draco_gym.algos.credit import get_credit_rule, group_advantages
+from draco_gym.demo import AGENTS, _code
+from draco_gym.report import build_report
+from draco_gym.reward import build_reward
+
+SCRIPTS = dict(AGENTS)
+SCRIPTS["stops early"] = [
+    "Let me fetch the order first.\n" + _code("order = get_order('{order}')\nprint(order)"),
+    "The order has several items; the total is probably around 100.",
+]
+
+
+def play(env, task_id: str, script: list[str]):
+    env.reset(options={"task_id": task_id})
+    order = env.task.instruction.split("order ")[1].split("?")[0]
+    info = {}
+    for message in script:
+        _, _, terminated, truncated, info = env.step(message.replace("{order}", order))
+        if terminated or truncated:
+            break
+    trajectory = info.get("trajectory") or env.trajectory()
+    for step in trajectory.steps:
+        step.n_tokens = max(1, len(step.text.split()))
+    return trajectory
+
+
+def write_run(run: Path, iterations: int = 6, tasks_per_iteration: int = 3, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    env = gym.make("draco_gym/PythonTools-v0").unwrapped
+    reward, credit = build_reward("rule"), get_credit_rule("draco")
+    tasks = [t for t in env.task_ids if t.startswith("order-total")]
+    run.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(run / "rollouts.jsonl", "w") as fh:
+            for it in range(iterations):
+                for task_id in rng.sample(tasks, tasks_per_iteration):
+                    # The policy improves: later iterations draw the careful agents more often.
+                    names = rng.choices(list(SCRIPTS), weights=[1 + it, 1 + it / 2, 4 - it / 2, 3], k=4)
+                    trajectories = [play(env, task_id, SCRIPTS[n]) for n in names]
+                    group = reward.score_group(trajectories[0].task, trajectories)
+                    steps = credit(trajectories, group, group_advantages(group.rewards))
+                    for i, (traj, score, a_steps) in enumerate(zip(trajectories, group.scores, steps)):
+                        fh.write(json.dumps({
+                            "iteration": it, "task_id": task_id, "index": i, "trajectory": traj.model_dump(mode="json"),
+                            "score": score.model_dump(mode="json"),
+                            "criteria": [c.model_dump(mode="json") for c in group.criteria],
+                            "dropped": group.dropped, "fallbacks": group.fallbacks, "step_advantages": a_steps,
+                        }) + "\n")
+    finally:
+        env.close()
+
+
+def shoot(html: Path, out: Path, chromium: str) -> list[Path]:
+    from playwright.sync_api import sync_playwright
+
+    index = json.loads(html.read_text().split('id="run-index">', 1)[1].split("</script>", 1)[0])
+    # The group view of the first group where the judge and the environment disagree, and
+    # the rollout view of its best-rewarded rollout.
+    gid = next((g["id"] for g in index["groups"] if g["dis"]), 0)
+    best = max(range(len(index["groups"][gid]["roll"])), key=lambda i: index["groups"][gid]["roll"][i]["R"])
+    views = [("report_run.png", "#run", ".charts svg"), ("report_groups.png", "#groups?dis=1", "#groups-table"),
+             ("report_group.png", f"#group/{gid}", "#rubric .cites"),
+             ("report_rollout.png", f"#rollout/{gid}/{best}", "#steps .ended")]
+    written = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu", "--no-first-run"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(html.resolve().as_uri())
+        page.wait_for_selector("body[data-ready='1']")
+        for name, hash_, selector in views:
+            page.evaluate("h => { location.hash = h; }", hash_)
+            page.wait_for_selector(selector)
+            if name == "report_rollout.png":  # show the evidence of the first cited verdict
+                page.locator("#steps .vcite summary").first.click()
+            page.screenshot(path=str(out / name))
+            written.append(out / name)
+        browser.close()
+    return written
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
+    parser.add_argument("--keep", metavar="DIR", help="write the run and its report here and keep them")
+    args = parser.parse_args()
+    run = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="draco-report-shots-"))
+    try:
+        write_run(run)
+        html = build_report(run, title="scripted PythonTools agents, rule rubric, DRACO credit")
+        for path in shoot(html, Path(args.out), args.chromium):
+            print(path)
+    finally:
+        if not args.keep:
+            shutil.rmtree(run, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
