@@ -70,7 +70,7 @@ def make_group(rng, pool: TokenPool, iteration: int, g: int, size: int, n_steps:
     rows = []
     for i in range(size):
         steps, segments = [], [(-1, 900)]  # the prompt
-        length = rng.randint(n_steps // 2, n_steps)
+        length = n_steps if i == 0 else rng.randint(n_steps // 2, n_steps)  # one full-length rollout per group
         for j in range(length):
             text = sentence(rng, rng.randint(10, 60))
             code = None if j == length - 1 else "\n".join(

@@ -94,8 +94,9 @@ def shoot(html: Path, out: Path, chromium: str) -> list[Path]:
         for name, hash_, selector in views:
             page.evaluate("h => { location.hash = h; }", hash_)
             page.wait_for_selector(selector)
-            if name == "report_rollout.png":  # show the evidence of the first cited verdict
+            if name == "report_rollout.png":  # the evidence of one verdict, opened, and the steps below
                 page.locator("#steps .vcite summary").first.click()
+                page.set_viewport_size({"width": 1280, "height": 1500})
             page.screenshot(path=str(out / name))
             written.append(out / name)
         browser.close()

@@ -320,6 +320,8 @@ def summarise_group(group: _Group, gid: int, source: str, limits: Limits) -> tup
                "crit": [[c["title"], c.get("origin"), str(c.get("description") or "")[:300]] for c in criteria],
                "drop": dropped, "fb": fallbacks, "roll": summary_rows}
     summary["dis"] = disagreements(summary_rows)
+    if summary["dis"] and not any(advantages):
+        summary["dis"].append("every rollout has A_i = 0 (the rewards tie): the group teaches nothing either way")
     detail = {"instruction": instruction, "rollouts": detail_rows}
     derived = {"inert": inert, "nonzero": nonzero, "fb_stages": Counter(_fallback_stage(f) for f in fallbacks),
                "before": len(titles) + len(dropped), "after": len(titles)}

@@ -367,3 +367,16 @@ def test_token_arrays_are_skipped_but_text_that_names_them_is_kept(tmp_path):
         assert parsed["trajectory"]["steps"][0]["text"] == sneaky
         assert parsed["trajectory"]["steps"][0]["observation"] == "]"
         assert not {"token_ids", "token_step", "token_logprobs"} & set(parsed["trajectory"])
+
+
+def test_the_report_command_loads_no_training_or_reward_layer(tmp_path):
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    write_hand_made_run(run)
+    code = ("import sys; from draco_gym.cli import main; rc = main(['report', sys.argv[1]]); "
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray', 'transformers') "
+            "or m.startswith(('draco_gym.algos', 'draco_gym.reward'))); sys.exit(str(heavy) if heavy or rc else 0)")
+    done = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
