@@ -240,67 +240,71 @@ def _fallback_stage(reason: str) -> str:
     return re.split(r"[\[:]", reason, maxsplit=1)[0].strip() or "other"
 
 
+_DROPOUT_REASON = "no rollout of the group failed it (discriminative dropout): it could not tell the rollouts apart"
+
+
+def _rubric(records: list[dict]) -> tuple[list[dict], list[list]]:
+    """The group's surviving criteria (a verdict on a title the saved list lacks still
+    shows, of unknown origin) and its dropped ones as [title, origin, reason]."""
+    first = records[0]
+    criteria = _criteria_entries(first.get("criteria"))
+    titles = {c["title"] for c in criteria}
+    for record in records:
+        for v in _verdicts(record):
+            if v["criterion"] not in titles:
+                titles.add(v["criterion"])
+                criteria.append({"title": v["criterion"]})
+    dropped = []
+    for d in first.get("dropped") or []:
+        entry = {"title": d} if isinstance(d, str) else dict(d)
+        dropped.append([entry.get("title", "?"), entry.get("origin"), entry.get("reason") or _DROPOUT_REASON])
+    return criteria, dropped
+
+
+def _step_detail(step: dict, last: bool, termination: str | None, where: str, limits: Limits) -> dict:
+    """One step as the page shows it: capped text, and marks where what the judge or the
+    policy saw was shortened."""
+    text, obs, code = str(step.get("text") or ""), str(step.get("observation") or ""), step.get("code")
+    marks = []
+    if len(text) > limits.judge_message:
+        marks.append(f"judge saw the message shortened to {limits.judge_message} of {len(text)} characters")
+    if len(obs) > limits.judge_observation:
+        marks.append(f"judge saw the observation shortened to {limits.judge_observation} of {len(obs)} characters")
+    if _ENV_TRUNCATION.search(obs):
+        marks.append("the environment truncated this observation")
+    if last and termination == "length":
+        marks.append("the episode hit its token budget here: this message may be cut off")
+    return {"text": cap_text(text, limits.message, where)[0], "obs": cap_text(obs, limits.observation, where)[0],
+            "code": None if code is None else cap_text(str(code), limits.code, where)[0],
+            "n": int(step.get("n_tokens") or 0), "marks": marks}
+
+
 def summarise_group(group: _Group, gid: int, source: str, limits: Limits) -> tuple[dict, dict, dict]:
     """The group's summary (always loaded), its detail (loaded when opened), and the
     per-rollout figures the run-level series are derived from."""
     records = [r for _, r in group.rows]
-    first = records[0]
-    criteria = _criteria_entries(first.get("criteria"))
-    titles = [c["title"] for c in criteria]
-    # A verdict on a title the saved list lacks still shows, as a criterion of unknown origin.
-    for record in records:
-        for v in _verdicts(record):
-            if v["criterion"] not in titles:
-                titles.append(v["criterion"])
-                criteria.append({"title": v["criterion"]})
-    column = {t: j for j, t in enumerate(titles)}
-    dropped = []
-    for d in first.get("dropped") or []:
-        entry = {"title": d} if isinstance(d, str) else dict(d)
-        entry.setdefault("reason", "no rollout of the group failed it (discriminative dropout): "
-                                   "it could not tell the rollouts apart")
-        dropped.append([entry.get("title", "?"), entry.get("origin"), entry["reason"]])
-    fallbacks = [str(f) for f in first.get("fallbacks") or []]
-
+    criteria, dropped = _rubric(records)
+    column = {c["title"]: j for j, c in enumerate(criteria)}
+    fallbacks = [str(f) for f in records[0].get("fallbacks") or []]
     rewards = [_reward(r) for r in records]
     advantages = group_advantages(rewards)
     summary_rows, detail_rows = [], []
     inert = nonzero = 0
-    for (line, record), a_i in zip(group.rows, advantages):
-        traj = record["trajectory"]
-        steps = traj.get("steps") or []
-        metrics = traj.get("metrics") or {}
-        verdicts = _verdicts(record)
-        matrix: list[int | None] = [None] * len(titles)
-        for v in verdicts:
-            matrix[column[v["criterion"]]] = v.get("score")
-        score = record.get("score") or {}
+    for (line, record), r_i, a_i in zip(group.rows, rewards, advantages):
+        traj, score = record["trajectory"], record.get("score") or {}
+        steps, metrics, verdicts = traj.get("steps") or [], traj.get("metrics") or {}, _verdicts(record)
         step_adv = [float(a) for a in record.get("step_advantages") or []]
         if a_i != 0 and step_adv:
             nonzero += 1
             inert += all(math.isclose(a, a_i, rel_tol=1e-6, abs_tol=1e-9) for a in step_adv)
         where = f"{source} line {line}"
-        detail_steps = []
-        termination = traj.get("termination")
-        for j, step in enumerate(steps):
-            text, obs, code = str(step.get("text") or ""), str(step.get("observation") or ""), step.get("code")
-            marks = []
-            if len(text) > limits.judge_message:
-                marks.append(f"judge saw the message shortened to {limits.judge_message} of {len(text)} characters")
-            if len(obs) > limits.judge_observation:
-                marks.append(f"judge saw the observation shortened to {limits.judge_observation} of {len(obs)} characters")
-            if _ENV_TRUNCATION.search(obs):
-                marks.append("the environment truncated this observation")
-            if j == len(steps) - 1 and termination == "length":
-                marks.append("the episode hit its token budget here: this message may be cut off")
-            text_c, _ = cap_text(text, limits.message, where)
-            obs_c, _ = cap_text(obs, limits.observation, where)
-            code_c = None if code is None else cap_text(str(code), limits.code, where)[0]
-            detail_steps.append({"text": text_c, "code": code_c, "obs": obs_c, "n": int(step.get("n_tokens") or 0),
-                                 "marks": marks})
+        matrix: list[int | None] = [None] * len(criteria)
+        for v in verdicts:
+            matrix[column[v["criterion"]]] = v.get("score")
         detail_rows.append({
             "line": line,
-            "steps": detail_steps,
+            "steps": [_step_detail(step, j == len(steps) - 1, traj.get("termination"), where, limits)
+                      for j, step in enumerate(steps)],
             "verdicts": [{"c": column[v["criterion"]], "s": v.get("score"), "cite": list(v.get("cited_steps") or []),
                           "ev": cap_text(str(v.get("evidence") or ""), limits.evidence, where)[0],
                           "just": cap_text(str(v.get("justification") or ""), limits.evidence, where)[0]}
@@ -309,22 +313,20 @@ def summarise_group(group: _Group, gid: int, source: str, limits: Limits) -> tup
             "metrics": {k: v for k, v in metrics.items() if isinstance(v, (str, int, float, bool)) or v is None},
         })
         summary_rows.append({
-            "line": line, "R": rewards[len(summary_rows)], "A": a_i, "ok": env_success(metrics),
-            "term": termination or "unknown", "ns": len(steps), "p": int(score.get("p") or 0),
-            "f": int(score.get("f") or 0), "v": matrix,
+            "line": line, "R": r_i, "A": a_i, "ok": env_success(metrics), "term": traj.get("termination") or "unknown",
+            "ns": len(steps), "p": int(score.get("p") or 0), "f": int(score.get("f") or 0), "v": matrix,
             "tok": sum(int(s.get("n_tokens") or 0) for s in steps),
         })
-    task = first["trajectory"].get("task") or {}
+    task = records[0]["trajectory"].get("task") or {}
     instruction = cap_text(str(task.get("instruction") or ""), limits.instruction, f"{source} line {group.rows[0][0]}")[0]
     summary = {"id": gid, "it": group.iteration, "task": group.task_id,
                "crit": [[c["title"], c.get("origin"), str(c.get("description") or "")[:300]] for c in criteria],
-               "drop": dropped, "fb": fallbacks, "roll": summary_rows}
-    summary["dis"] = disagreements(summary_rows)
+               "drop": dropped, "fb": fallbacks, "roll": summary_rows, "dis": disagreements(summary_rows)}
     if summary["dis"] and not any(advantages):
         summary["dis"].append("every rollout has A_i = 0 (the rewards tie): the group teaches nothing either way")
     detail = {"instruction": instruction, "rollouts": detail_rows}
     derived = {"inert": inert, "nonzero": nonzero, "fb_stages": Counter(_fallback_stage(f) for f in fallbacks),
-               "before": len(titles) + len(dropped), "after": len(titles)}
+               "before": len(criteria) + len(dropped), "after": len(criteria)}
     return summary, detail, derived
 
 

@@ -19,12 +19,15 @@ SUBMITS = "Submits the exact total"
 GUESSES = "Does not guess values"
 
 
-def _traj(task: Task, steps: list[tuple[str, str | None, str]], termination: str, success: bool | None) -> Trajectory:
+def _traj(task: Task, steps: list[tuple[str, str | None, str]], termination: str, success: bool | None,
+          answer=None) -> Trajectory:
     built = [Step(index=j + 1, text=text, code=code, observation=obs, n_tokens=10 * (j + 1) + len(text) % 7)
              for j, (text, code, obs) in enumerate(steps)]
     metrics = {"submitted": termination == "submitted"}
     if success is not None:
         metrics["success"] = success
+    if answer is not None:
+        metrics["answer"] = answer
     return Trajectory(task=task, steps=built, termination=termination, metrics=metrics)
 
 
@@ -72,7 +75,7 @@ def write_hand_made_run(run: Path) -> dict:
     # become markup, and the planted disagreement: #2 failed but the judge rewards it most.
     htask = Task(id="hostile<i>task</i>", instruction="Print </script> and <html> safely.")
     h1 = _traj(htask, [(HOSTILE_TEXT, "print('</script><script>alert(4)</script>')", HOSTILE_OBSERVATION)],
-               "submitted", True)
+               "submitted", True, answer="</script><b id=\"pwned\">42</b>")
     h2 = _traj(htask, [("I print something pleasant.", "print('ok')", "ok")], "no_code", False)
     h3 = _traj(htask, [("Nothing.", None, "")], "no_code", False)
     hs1 = _score([(HOSTILE_CRITERION, -1, [1], "</script><script>alert(5)</script>"), ("Prints safely", 1, [1], "ok")])

@@ -140,6 +140,7 @@ def test_a_cited_step_shows_its_verdicts_with_evidence_and_its_credit(page):
     assert step1.locator(".cbar-value").first.inner_text() == "+1.830"
     assert "A_i = +1.225" in p.locator(".legend-box").inner_text()
     assert "no code: closing message" in p.locator("#step-3 .step-head").inner_text()
+    assert "success=true" in p.locator(".env-metrics").inner_text()
     # A failing rollout's cited step is coloured as a failure.
     p = page.show("#rollout/0/1", "#step-1 .citing")
     assert p.locator("#step-1 .vcite.fail").count() == 3
@@ -208,6 +209,7 @@ def _hostile_checks(page):
     assert HOSTILE_TEXT in p.locator("#step-1 .step-main pre").first.inner_text()
     assert "<script>alert(2)</script>" in p.locator("#step-1").inner_text()
     assert HOSTILE_CRITERION in p.locator("table.verdicts").inner_text()
+    assert '<b id=\\"pwned\\">42</b>' in p.locator(".env-metrics").inner_text()
     p.locator("#step-1 .vcite summary").first.click()
     assert "</script><script>alert(5)</script>" in p.locator("#step-1 .vcite").first.inner_text()
     page.show("#group/1", "#rubric .cites")

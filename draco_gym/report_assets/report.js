@@ -518,6 +518,8 @@
       if (token !== renderToken) return;
       clear(body);
       var roll = d.rollouts[i];
+      var envMetrics = Object.keys(roll.metrics).map(function (k) { return k + '=' + JSON.stringify(roll.metrics[k]); });
+      if (envMetrics.length) body.appendChild(el('p', { class: 'env-metrics' }, el('span', { class: 'block-label' }, 'environment metrics '), envMetrics.join(' · ')));
       body.appendChild(el('p', { class: 'source' }, 'Full record: ' + (INDEX.files.rollouts || 'rollouts.jsonl') + ' line ' + roll.line +
         ' (e.g. sed -n ' + roll.line + 'p rollouts.jsonl | python -m json.tool)'));
       body.appendChild(verdictTable(g, gid, i, roll));
