@@ -27,6 +27,7 @@ import gzip
 import hashlib
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -407,6 +408,8 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, limits: 
         raise ReportError(f"{run} has neither metrics.jsonl nor rollouts.jsonl: is it a draco-gym run directory "
                           "(the output_dir of `draco-gym train`)?")
     limits = limits or Limits()
+    target = Path(out) if out else run / "report.html"
+    target.parent.mkdir(parents=True, exist_ok=True)
 
     rows = read_metrics(metrics_path) if metrics_path.is_file() else []
     xs, series = _series(rows)
@@ -445,7 +448,10 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, limits: 
         "title": title or run.resolve().name,
         "generated": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "files": {"metrics": metrics_path.name if metrics_path.is_file() else None,
-                  "rollouts": rollouts_path.name if rollouts_path.is_file() else None},
+                  "rollouts": rollouts_path.name if rollouts_path.is_file() else None,
+                  # Where the full records are, relative to the report, for a link beside each pointer.
+                  "rollouts_href": Path(os.path.relpath(rollouts_path.resolve(), target.parent.resolve())).as_posix()
+                  if rollouts_path.is_file() else None},
         "metrics": {"x": xs, "series": series, "names": names},
         "derived": derived_series,
         "eval": _read_summary(run),
@@ -453,8 +459,6 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, limits: 
         "limits": {"observation": limits.observation, "message": limits.message, "code": limits.code},
     }
     html = render_html(index, chunks)
-    target = Path(out) if out else run / "report.html"
-    target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(html, encoding="utf-8")
     return target
 

@@ -156,6 +156,9 @@ def test_long_observations_are_folded_capped_and_point_at_their_jsonl_line(page)
     text = observation.locator("pre").text_content()
     assert "characters not embedded: full text in rollouts.jsonl line 3" in text
     assert len(text) < 1200
+    pointer = p.locator("#full-record")
+    assert "rollouts.jsonl line 3" in pointer.inner_text()
+    assert pointer.locator("a").get_attribute("href") == "rollouts.jsonl"
     # The run cut by its token budget marks its last step.
     p = page.show("#rollout/2/3", "#step-2")
     assert "token budget" in p.locator("#step-2 .step-head").inner_text()
@@ -382,3 +385,23 @@ def test_the_report_command_loads_no_training_or_reward_layer(tmp_path):
             "or m.startswith(('draco_gym.algos', 'draco_gym.reward'))); sys.exit(str(heavy) if heavy or rc else 0)")
     done = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_an_evaluation_directory_reports_too(tmp_path):
+    """`draco-gym eval` writes rollouts without an iteration and, unscored, without a score."""
+    run = tmp_path / "run"
+    write_hand_made_run(run)
+    records = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()][:3]
+    ev = run / "eval"
+    ev.mkdir()
+    with open(ev / "rollouts.jsonl", "w") as fh:
+        for i, r in enumerate(records):
+            fh.write(json.dumps({"task_id": r["task_id"], "index": i, "trajectory": r["trajectory"],
+                                 "score": None if i == 0 else r["score"]}) + "\n")
+    (ev / "summary.json").write_text(json.dumps({"checkpoint": "base", "success_rate": 0.33, "termination": {"submitted": 1.0}}))
+    out = report.build_report(ev, tmp_path / "elsewhere" / "eval.html")
+    index = json.loads(out.read_text().split('id="run-index">', 1)[1].split("</script>", 1)[0])
+    (group,) = index["groups"]
+    assert [r["R"] for r in group["roll"]] == [0.0, -1.0, 0.0]
+    assert index["eval"]["columns"]["checkpoint"]["termination/submitted"] == 1.0
+    assert index["files"]["rollouts_href"] == "../run/eval/rollouts.jsonl"

@@ -520,8 +520,9 @@
       var roll = d.rollouts[i];
       var envMetrics = Object.keys(roll.metrics).map(function (k) { return k + '=' + JSON.stringify(roll.metrics[k]); });
       if (envMetrics.length) body.appendChild(el('p', { class: 'env-metrics' }, el('span', { class: 'block-label' }, 'environment metrics '), envMetrics.join(' · ')));
-      body.appendChild(el('p', { class: 'source' }, 'Full record: ' + (INDEX.files.rollouts || 'rollouts.jsonl') + ' line ' + roll.line +
-        ' (e.g. sed -n ' + roll.line + 'p rollouts.jsonl | python -m json.tool)'));
+      body.appendChild(el('p', { class: 'source', id: 'full-record' }, 'Full record: ',
+        INDEX.files.rollouts_href ? el('a', { href: INDEX.files.rollouts_href, title: 'the whole file, next to this report' }, INDEX.files.rollouts) : INDEX.files.rollouts,
+        ' line ' + roll.line + ' (sed -n ' + roll.line + 'p ' + INDEX.files.rollouts + ' | python -m json.tool); capped text in the steps below points there too'));
       body.appendChild(verdictTable(g, gid, i, roll));
       body.appendChild(creditLegend(r, roll));
       var steps = el('section', { class: 'steps', id: 'steps' });
