@@ -294,8 +294,8 @@ def summarise_group(group: _Group, gid: int, source: str, limits: Limits) -> tup
     for (line, record), r_i, a_i in zip(group.rows, rewards, advantages):
         traj, score = record["trajectory"], record.get("score") or {}
         steps, metrics, verdicts = traj.get("steps") or [], traj.get("metrics") or {}, _verdicts(record)
-        step_adv = [float(a) for a in record.get("step_advantages") or []]
-        if a_i != 0 and step_adv:
+        step_adv = [_number(a) for a in record.get("step_advantages") or []]  # None where not finite
+        if a_i != 0 and step_adv and None not in step_adv:
             nonzero += 1
             inert += all(math.isclose(a, a_i, rel_tol=1e-6, abs_tol=1e-9) for a in step_adv)
         where = f"{source} line {line}"

@@ -405,3 +405,27 @@ def test_an_evaluation_directory_reports_too(tmp_path):
     assert [r["R"] for r in group["roll"]] == [0.0, -1.0, 0.0]
     assert index["eval"]["columns"]["checkpoint"]["termination/submitted"] == 1.0
     assert index["files"]["rollouts_href"] == "../run/eval/rollouts.jsonl"
+
+
+def test_a_run_with_metrics_only_or_broken_credit_still_opens(tmp_path, browser):
+    run = tmp_path / "run"
+    write_hand_made_run(run)
+    lines = (run / "rollouts.jsonl").read_text().splitlines()
+    record = json.loads(lines[0])
+    record["step_advantages"][1] = float("nan")  # json.dumps writes NaN; a crashed credit rule could
+    (run / "rollouts.jsonl").write_text(json.dumps(record) + "\n")
+    page = Page(browser, report.build_report(run)).wait_ready()
+    try:
+        p = page.show("#rollout/0/0", "#steps .ended")
+        assert "no credit" in p.locator("#step-2 .credit").inner_text()
+        assert p.locator("#step-1 .cbar").count() == 2
+    finally:
+        page.close()
+    (run / "rollouts.jsonl").unlink()
+    page = Page(browser, report.build_report(run)).wait_ready()
+    try:
+        assert "0 of 0 groups match" in page.show("#groups", "#match-count").locator("#match-count").inner_text()
+        assert page.show("#run", ".charts svg").locator(".chart-card").count() >= 6
+        assert page.errors == [] and page.left_the_page() == []
+    finally:
+        page.close()

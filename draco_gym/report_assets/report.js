@@ -559,7 +559,7 @@
     var perToken = Math.abs(r.A), push = 0;
     roll.steps.forEach(function (s, j) {
       var a = roll.adv[j];
-      if (a === undefined) return;
+      if (a === undefined || a === null) return;
       perToken = Math.max(perToken, Math.abs(a));
       push = Math.max(push, Math.abs(a * s.n), Math.abs(r.A * s.n));
     });
@@ -579,7 +579,7 @@
 
   function creditBars(r, roll, s, j, scale) {
     var a = roll.adv[j];
-    if (a === undefined) return el('div', { class: 'credit empty' }, 'no credit');
+    if (a === undefined || a === null) return el('div', { class: 'credit empty' }, 'no credit');
     var bar = function (label, value, baseline, max) {
       var w = Math.min(Math.abs(value) / max, 1) * 50, b = 50 + Math.max(Math.min(baseline / max, 1), -1) * 50;
       return el('div', { class: 'cbar', title: label + ' ' + signed(value, 3) + ' (uniform ' + signed(baseline, 3) + ')' },
