@@ -349,7 +349,7 @@ def test_report_of_a_real_training_run(tmp_path, browser, capsys):
         p = page.show("#rollout/0/0", "#steps .ended")
         assert p.locator("#steps article.step").count() == len(first["trajectory"]["steps"])
         assert p.locator("table.verdicts tbody tr").count() == len(first["score"]["verdicts"])
-        assert f"R_i (judge reward)" in p.locator(".stats").inner_text()
+        assert "R_i (judge reward)" in p.locator(".stats").inner_text()
         assert page.errors == [] and page.left_the_page() == []
     finally:
         page.close()
