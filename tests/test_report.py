@@ -116,6 +116,13 @@ def test_group_table_has_one_row_per_rollout_and_the_rubric_shows_origins(page, 
     assert "Authenticates first" in p.locator(".dropped").inner_text()
     assert "discriminative dropout" in p.locator(".dropped").inner_text()
     assert "augment[2]" in p.locator(".fallbacks").inner_text()
+    # A citation in the rubric opens the rollout at the cited step.
+    link = p.locator("#rubric tbody tr").nth(1).locator(".cites a").first  # "Checks the refund...", rollout #1
+    assert link.inner_text() == "s2"
+    link.click()
+    p.wait_for_selector("#steps .step.focus")
+    assert p.locator("#steps .step.focus").get_attribute("id") == "step-2"
+    assert "Checks the refund went through" in p.locator("#step-2 .citing").inner_text()
     # R_i and A_i: the second group's rewards are (0, 1, -1), so A = (0, +1.22, -1.22).
     p = page.show("#group/1", "#group-table tbody tr")
     cells = [p.locator("#group-table tbody tr").nth(i).locator("td").nth(1).inner_text() for i in range(3)]
