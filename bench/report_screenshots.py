@@ -94,10 +94,13 @@ def shoot(html: Path, out: Path, chromium: str) -> list[Path]:
         for name, hash_, selector in views:
             page.evaluate("h => { location.hash = h; }", hash_)
             page.wait_for_selector(selector)
+            page.set_viewport_size({"width": 1280, "height": 900})
+            if name == "report_run.png":  # three charts a row, the whole page
+                page.set_viewport_size({"width": 1440, "height": 900})
             if name == "report_rollout.png":  # the evidence of one verdict, opened, and the steps below
                 page.locator("#steps .vcite summary").first.click()
                 page.set_viewport_size({"width": 1280, "height": 1500})
-            page.screenshot(path=str(out / name))
+            page.screenshot(path=str(out / name), full_page=name == "report_run.png")
             written.append(out / name)
         browser.close()
     return written
