@@ -197,6 +197,13 @@ def test_filters_find_groups_by_task_criterion_verdict_termination_and_disagreem
     assert "judge rewarded it" in p.locator("#groups-table tbody tr").first.inner_text()
 
 
+def assert_readable_axes(p):
+    """Every chart's y axis has distinct tick labels (a flat series included)."""
+    for chart in p.locator(".chart-card svg.chart").all():
+        ticks = chart.locator("text[text-anchor=end]").all_text_contents()
+        assert len(ticks) >= 2 and len(set(ticks)) == len(ticks), ticks
+
+
 def _injected(p) -> int:
     return p.evaluate("document.querySelectorAll('#pwned, #pwned-crit, img, i, b').length")
 
@@ -250,6 +257,7 @@ def test_run_at_a_glance_draws_every_figure_and_the_evaluation(page):
     evaluation = p.locator("table.eval").inner_text()
     assert "success_rate" in evaluation and "+0.250" in evaluation
     assert "metrics.jsonl: reward_mean" in p.locator(".charts").inner_text()
+    assert_readable_axes(p)
 
 
 # -- the generator, without a browser --------------------------------------------------------
@@ -348,6 +356,7 @@ def test_report_of_a_real_training_run(tmp_path, browser, capsys):
         p = page.show("#groups", "#groups-table")
         assert p.locator("#groups-table tbody tr").count() == 2 * 2
         assert "metrics.jsonl: reward_mean" in page.show("#run", ".charts svg").locator(".charts").inner_text()
+        assert_readable_axes(page.page)  # the judge-free rule reward: judge cost and tokens are all 0
         for gid in range(4):
             p = page.show(f"#group/{gid}", "#group-table tbody tr")
             assert p.locator("#group-table tbody tr").count() == 3
@@ -429,10 +438,13 @@ def test_a_run_with_metrics_only_or_broken_credit_still_opens(tmp_path, browser)
     finally:
         page.close()
     (run / "rollouts.jsonl").unlink()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    (run / "metrics.jsonl").write_text("".join(json.dumps({**r, "judge_cost": 0.0}) + "\n" for r in rows))  # flat
     page = Page(browser, report.build_report(run)).wait_ready()
     try:
         assert "0 of 0 groups match" in page.show("#groups", "#match-count").locator("#match-count").inner_text()
         assert page.show("#run", ".charts svg").locator(".chart-card").count() >= 6
+        assert_readable_axes(page.page)
         assert page.errors == [] and page.left_the_page() == []
     finally:
         page.close()

@@ -118,9 +118,10 @@
       xs.forEach(function (_, i) { stackedTop.push(series.reduce(function (s, ser) { return s + (ser.y[i] || 0); }, 0)); });
       all = all.concat(stackedTop);
     }
-    var lo = Math.min.apply(null, all.concat([0])), hi = Math.max.apply(null, all.concat([lo + 1e-9]));
+    var lo = Math.min.apply(null, all.concat([0])), hi = Math.max.apply(null, all.concat([lo]));
     if (opts.ymin !== undefined) lo = opts.ymin;
     if (opts.ymax !== undefined) hi = Math.max(opts.ymax, hi);
+    if (hi - lo < 1e-12) hi = lo + (Math.abs(lo) || 1);  // a flat series still gets a readable axis
     var step = niceStep(hi - lo);
     var ymin = Math.floor(lo / step + 1e-9) * step, ymax = Math.ceil(hi / step - 1e-9) * step;
     if (ymax <= ymin) ymax = ymin + step;
