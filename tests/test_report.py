@@ -448,3 +448,29 @@ def test_a_run_with_metrics_only_or_broken_credit_still_opens(tmp_path, browser)
         assert page.errors == [] and page.left_the_page() == []
     finally:
         page.close()
+
+
+def test_many_groups_are_paged_and_the_lens_counts_every_page(tmp_path, browser):
+    from draco_gym.bench.report_large import write_run
+
+    run = tmp_path / "run"
+    write_run(run, iterations=4, groups=16, size=3, n_steps=4)  # 64 groups: two pages of 50
+    html = report.build_report(run)
+    index = json.loads(html.read_text().split('id="run-index">', 1)[1].split("</script>", 1)[0])
+    disagreeing = [g["id"] for g in index["groups"] if g["dis"]]
+    assert 0 < len(disagreeing) < 64
+    page = Page(browser, html).wait_ready()
+    try:
+        p = page.show("#groups", "#groups-table")
+        assert p.locator("#groups-table tbody tr").count() == 50
+        p.get_by_role("button", name="next ›").click()
+        p.wait_for_function("location.hash.includes('page=2')")
+        assert p.locator("#groups-table tbody tr").count() == 14
+        assert "page 2 of 2" in p.locator(".pager").inner_text()
+        p = page.show("#groups?dis=1", "#match-count")
+        assert f"{len(disagreeing)} of 64 groups match" in p.locator("#match-count").inner_text()
+        shown = [int(r.get_attribute("data-gid")) for r in p.locator("#groups-table tbody tr").all()]
+        assert shown == disagreeing[:50]
+        assert page.errors == [] and page.left_the_page() == []
+    finally:
+        page.close()
