@@ -116,6 +116,11 @@ def test_group_table_has_one_row_per_rollout_and_the_rubric_shows_origins(page, 
     assert "Authenticates first" in p.locator(".dropped").inner_text()
     assert "discriminative dropout" in p.locator(".dropped").inner_text()
     assert "augment[2]" in p.locator(".fallbacks").inner_text()
+    # Side by side, each rollout's steps coloured by the verdicts citing them: refund-2's #2
+    # has a PASS on step 1 and a FAIL on step 2.
+    cells = p.locator("#group-table tbody tr").nth(1).locator(".stepcell")
+    assert cells.count() == 2
+    assert [cells.nth(j).get_attribute("class") for j in range(2)] == ["stepcell pass", "stepcell fail"]
     # A citation in the rubric opens the rollout at the cited step.
     link = p.locator("#rubric tbody tr").nth(1).locator(".cites a").first  # "Checks the refund...", rollout #1
     assert link.inner_text() == "s2"

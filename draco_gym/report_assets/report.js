@@ -433,17 +433,23 @@
     if (g.dis.length) main.appendChild(el('div', { class: 'card disagree-box' }, el('strong', null, 'Judge and environment disagree: '),
       el('ul', null, g.dis.map(function (d) { return el('li', null, d); }))));
 
+    var maps = [];
     var rows = g.roll.map(function (r, i) {
+      maps.push(el('td', { class: 'stepmap-cell' }));
       return el('tr', { class: 'rollout-row' + (r.ok === false && r.R > 0 || r.ok === true && r.R < 0 ? ' disagree' : ''), onclick: function () { go('#rollout/' + gid + '/' + i); } },
         el('td', null, el('a', { href: '#rollout/' + gid + '/' + i }, '#' + (i + 1))),
         el('td', { class: 'num' }, signed(r.R)), el('td', null, advBar(r.A)),
         el('td', { class: 'num' }, r.p + ' / ' + r.f),
         el('td', null, el('span', { class: 'ok-' + okText(r.ok) }, okText(r.ok))),
-        el('td', null, r.term), el('td', { class: 'num' }, String(r.ns)), el('td', { class: 'num' }, String(r.tok)));
+        el('td', null, r.term), el('td', { class: 'num' }, String(r.ns)), el('td', { class: 'num' }, String(r.tok)), maps[i]);
     });
     main.appendChild(el('section', { class: 'card' }, el('h3', null, 'Rollouts'),
       el('table', { class: 'group-table', id: 'group-table' },
-        el('thead', null, el('tr', null, ['rollout', 'R_i', 'A_i (group-normalised)', 'pass / fail', 'env', 'termination', 'steps', 'tokens'].map(function (h) { return el('th', null, h); }))),
+        el('thead', null, el('tr', null, ['rollout', 'R_i', 'A_i (group-normalised)', 'pass / fail', 'env', 'termination', 'steps', 'tokens']
+          .map(function (h) { return el('th', null, h); }),
+          el('th', null, 'steps, cited by: ', [['pass', 'PASS'], ['fail', 'FAIL'], ['both', 'both'], ['none', 'none']].map(function (k) {
+            return el('span', { class: 'key-item' }, el('span', { class: 'stepcell ' + k[0] }), ' ' + k[1] + ' ');
+          })))),
         el('tbody', null, rows))));
 
     var rubric = el('section', { class: 'card' }, el('h3', null, 'The merged rubric (' + g.crit.length + ' criteria after dropout)'));
@@ -474,6 +480,7 @@
       if (token !== renderToken) return;
       clear(instruction);
       instruction.appendChild(folded('Task instruction', d.instruction, 600));
+      d.rollouts.forEach(function (roll, i) { maps[i].appendChild(stepMap(gid, i, roll)); });
       // Cited steps and evidence in the rubric cells.
       cells.forEach(function (cell) {
         var v = d.rollouts[cell.i].verdicts.filter(function (x) { return x.c === cell.j; })[0];
@@ -484,6 +491,19 @@
         cell.td.title = (v.ev || v.just || '').slice(0, 500);
       });
     });
+  }
+
+  // One cell per step of a rollout, coloured by the verdicts that cite it, linking to the step.
+  function stepMap(gid, i, roll) {
+    return el('span', { class: 'stepmap' }, roll.steps.map(function (s, j) {
+      var p = 0, f = 0;
+      roll.verdicts.forEach(function (v) { if (v.cite.indexOf(j + 1) >= 0) { if (v.s === 1) p++; else if (v.s === -1) f++; } });
+      var cls = p && f ? 'both' : p ? 'pass' : f ? 'fail' : 'none';
+      var a = roll.adv[j];
+      return el('a', { class: 'stepcell ' + cls, href: '#rollout/' + gid + '/' + i + '/' + (j + 1),
+        title: 'step ' + (j + 1) + ': ' + p + ' PASS, ' + f + ' FAIL citing it; ' + s.n + ' tokens' +
+          (a === undefined || a === null ? '' : '; a_j = ' + signed(a, 3)), onclick: function (e) { e.stopPropagation(); } });
+    }));
   }
 
   function advBar(a) {
