@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -117,28 +116,46 @@ ANSWER_MODELS: dict[str, type[_Answer]] = {
 
 # -- parsing -------------------------------------------------------------------------------
 
-_FENCE = re.compile(r"^```[a-zA-Z]*\s*\n(.*)\n```\s*$", re.DOTALL)
+MAX_ANSWER_CHARS = 200_000
+"""The longest judge answer read: a verdict on every criterion fits in a few thousand."""
 
 
 def extract_json(text: str) -> Any:
     """The JSON object in a reply. Tolerates a Markdown fence or prose around one object,
-    which weaker judges add even when told not to; anything else is an error."""
+    which weaker judges add even when told not to; anything else is an error.
+
+    Work is linear in the reply's length and the reply is capped, so a runaway judge (a
+    loop of fences or brackets) costs milliseconds and an ``InvalidAnswer``, not minutes."""
     if not isinstance(text, str) or not text.strip():
         raise InvalidAnswer(["the answer is empty; reply with one JSON object"])
+    if len(text) > MAX_ANSWER_CHARS:
+        raise InvalidAnswer([f"the answer is {len(text):,} characters long; at most {MAX_ANSWER_CHARS:,} are read"])
     body = text.strip()
-    fenced = _FENCE.match(body)
-    if fenced:
-        body = fenced.group(1).strip()
+    # A fence: ``` and an optional language tag, a line break, the body, a last line of ```.
+    if body.startswith("```") and body.endswith("\n```"):
+        tag_end = 3
+        while tag_end < len(body) and body[tag_end].isascii() and body[tag_end].isalpha():
+            tag_end += 1
+        space_end = tag_end
+        while space_end < len(body) and body[space_end].isspace():
+            space_end += 1
+        newline = body.find("\n", tag_end, space_end)
+        if newline != -1 and newline + 1 <= len(body) - 4:
+            body = body[newline + 1 : len(body) - 4].strip()
     try:
         return json.loads(body)
-    except json.JSONDecodeError as first:
+    except RecursionError:
+        raise InvalidAnswer(["the answer is nested too deeply to be a verdict"]) from None
+    except ValueError as first:  # JSONDecodeError, or an integer too long to convert
         start, end = body.find("{"), body.rfind("}")
         if 0 <= start < end:
             try:
                 return json.loads(body[start : end + 1])
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 pass
-        raise InvalidAnswer([f"the answer is not valid JSON ({first.msg} at line {first.lineno} column {first.colno})"]) from None
+        where = (f" ({first.msg} at line {first.lineno} column {first.colno})"
+                 if isinstance(first, json.JSONDecodeError) else f" ({first})")
+        raise InvalidAnswer([f"the answer is not valid JSON{where}"]) from None
 
 
 def parse_answer(stage: str, text: str) -> _Answer:

@@ -56,3 +56,90 @@ def test_a_tag_inside_a_fence_belongs_to_the_fence():
 def test_never_raises_on_any_text(text):
     parsed = parse_message(text)
     assert parsed.code is None or isinstance(parsed.code, str)
+
+
+# -- hostile text: linear time, a cap, and the same answers as the regex it replaced ---------
+
+import re
+import signal
+import textwrap
+import time
+
+from draco_gym.codeblock import MAX_MESSAGE_CHARS
+
+
+def reference_parse(text: str, languages=("python", "py")) -> tuple[list[str], bool]:
+    """The earlier regex implementation (quadratic on repeated openers), kept as the oracle
+    the linear parser must agree with: the blocks found and whether an opener is left."""
+    tags = "|".join(re.escape(lang) for lang in languages)
+    block = re.compile(
+        rf"^[ \t]*```[ \t]*(?:{tags})[ \t]*\n(?P<fence>.*?)^[ \t]*```[ \t]*$|<code>(?P<tag>.*?)</code>",
+        re.DOTALL | re.MULTILINE | re.IGNORECASE,
+    )
+    opener = re.compile(rf"^[ \t]*```[ \t]*(?:{tags})[ \t]*$|<code>", re.MULTILINE | re.IGNORECASE)
+    blocks = [textwrap.dedent((m.group("fence") if m.group("fence") is not None else m.group("tag")).strip("\n")).rstrip()
+              for m in block.finditer(text)]
+    return blocks, opener.search(block.sub("", text)) is not None
+
+
+PIECES = ["```python\n", "```py\n", "```PYTHON \n", "  ```python\n", "```\n", "  ``` \n", "```", "```json\n",
+          "<code>", "</code>", "<CODE>", "</Code>", "<co", "de>", "\n", " ", "\t", "x = 1", "print(2)", "`", "<", "py"]
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=30))
+def test_same_blocks_as_the_reference_regex(pieces):
+    text = "".join(pieces)
+    blocks, unclosed = reference_parse(text)
+    parsed = parse_message(text, multi_block="join")
+    assert parsed.blocks == blocks
+    assert (parsed.error is not None and "never closed" in parsed.error) == unclosed
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="`<>/codepyth \n\tCODE", max_size=80))
+def test_same_blocks_as_the_reference_regex_on_near_miss_text(text):
+    assert parse_message(text, multi_block="join").blocks == reference_parse(text)[0]
+
+
+def _timed(text: str, budget_s: float = 10.0) -> tuple[float, object]:
+    """Parse with an alarm as a hard stop, so a quadratic parser fails instead of hanging."""
+    def stop(*_):
+        raise TimeoutError(f"parsing {len(text):,} characters took over {budget_s} s")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, budget_s)
+    try:
+        start = time.perf_counter()
+        parsed = parse_message(text, max_chars=len(text))
+        return time.perf_counter() - start, parsed
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+ADVERSARIAL = {
+    "repeated fence openers": "```python\n",
+    "repeated tag openers": "<code>",
+    "mixed unclosed openers": "```python\nx\n<code>y\n",
+    "closed tag then open fence": "<code>a</code>\n```py\n",
+    "closers without openers": "```\n</code>\n",
+    "fence with a tag inside, unclosed": "```python\nprint('<code>')\n",
+}
+
+
+@pytest.mark.parametrize("name", list(ADVERSARIAL))
+def test_a_1mb_adversarial_message_parses_in_linear_time(name):
+    unit = ADVERSARIAL[name]
+    text = (unit * (1_000_000 // len(unit) + 1))[:1_000_000]
+    elapsed, parsed = _timed(text)
+    assert elapsed < 1.0, f"{name}: {elapsed:.2f} s for 1 MB"
+    assert parsed.code is None or isinstance(parsed.code, str)
+
+
+def test_a_message_over_the_cap_is_refused_unread_with_the_cap_named():
+    text = "```python\nprint(1)\n```\n" + "x" * MAX_MESSAGE_CHARS
+    parsed = parse_message(text)
+    assert parsed.code is None and parsed.has_block
+    assert f"{MAX_MESSAGE_CHARS:,}" in parsed.error and f"{len(text):,}" in parsed.error
+    assert parse_message(text[:MAX_MESSAGE_CHARS]).error is None  # at the cap it still parses

@@ -77,3 +77,30 @@ def test_format_then_parse_round_trips(name, arguments):
         return
     call = ToolCall(name, arguments)
     assert parse_tool_call(format_tool_call(call)) == call
+
+
+# -- hostile text: bounded work, a clear error, never an exception other than ToolCallError ----
+
+from draco_gym.envs.tau.actions import MAX_CALL_CHARS
+
+HOSTILE_CALLS = {
+    "deep sum": "f(a=" + "1+" * 5_000 + "1)",
+    "deep unary": "f(a=" + "-" * 10_000 + "1)",
+    "deep attribute": "f(a=" + "x." * 5_000 + "y)",
+    "deep JSON": '{"name": "f", "arguments": {"a": ' + "[" * 5_000 + "]" * 5_000 + "}}",
+    "deep brackets": "f(a=" + "[" * 5_000 + "]" * 5_000 + ")",
+    "many calls": "f()\n" * 4_000,
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_CALLS))
+def test_hostile_calls_are_tool_call_errors(name):
+    with pytest.raises(ToolCallError):
+        parse_tool_call(HOSTILE_CALLS[name])
+
+
+@pytest.mark.parametrize("unit", ["1+", "f()\n", "[", "x"])
+def test_a_1mb_call_is_refused_unread_with_the_cap_named(unit):
+    text = "f(a=" + unit * (1_000_000 // len(unit)) + ")"
+    with pytest.raises(ToolCallError, match=f"at most {MAX_CALL_CHARS:,}"):
+        parse_tool_call(text)

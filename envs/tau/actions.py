@@ -15,7 +15,9 @@ The Python form is parsed with ``ast`` and its arguments evaluated with
 ``ast.literal_eval``: nothing the agent writes is executed, so a block holding
 ``__import__("os").system(...)`` is just a malformed action. Every rule that is broken
 (positional arguments, several calls, a variable instead of a literal, ``**kwargs``)
-produces a ``ToolCallError`` whose message tells the agent how to fix it.
+produces a ``ToolCallError`` whose message tells the agent how to fix it. So does a block
+over ``MAX_CALL_CHARS`` (refused before parsing) or one nested too deeply for the parsers;
+the host's work per action is bounded by its length, whatever the agent writes.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ FORMAT_HINT = (
     'write one call with keyword arguments, e.g. tool_name(arg="value"), '
     'or JSON {"name": "tool_name", "arguments": {"arg": "value"}}'
 )
+
+MAX_CALL_CHARS = 20_000
+"""The longest tool call read: a τ-bench call with its arguments is a few hundred characters."""
 
 
 class ToolCallError(ValueError):
@@ -46,9 +51,15 @@ def parse_tool_call(code: str) -> ToolCall:
     text = code.strip()
     if not text:
         raise ToolCallError(f"the block is empty; {FORMAT_HINT}")
-    if text.startswith("{"):
-        return _from_json(text)
-    return _from_python(text)
+    if len(text) > MAX_CALL_CHARS:
+        raise ToolCallError(
+            f"the block is {len(text):,} characters long; a tool call may have at most {MAX_CALL_CHARS:,}, "
+            f"so it was not read; {FORMAT_HINT}"
+        )
+    try:
+        return _from_json(text) if text.startswith("{") else _from_python(text)
+    except (RecursionError, MemoryError):
+        raise ToolCallError(f"the call is nested too deeply to read; {FORMAT_HINT}") from None
 
 
 def _from_json(text: str) -> ToolCall:
@@ -80,7 +91,7 @@ def _from_python(text: str) -> ToolCall:
         raise ToolCallError(f"the block holds {what}; make exactly one tool call per message: {FORMAT_HINT}")
     call = calls[0].value
     if not isinstance(call.func, ast.Name):
-        raise ToolCallError(f"call a tool by its bare name, not {ast.unparse(call.func)!r}")
+        raise ToolCallError(f"call a tool by its bare name, not {_short(_source(text, call.func))!r}")
     if call.args:
         raise ToolCallError(f"{call.func.id}: positional arguments are not allowed; name every argument (arg=value)")
     arguments: dict[str, Any] = {}
@@ -95,7 +106,7 @@ def _from_python(text: str) -> ToolCall:
             value = _NOT_JSON
         if not _is_json(value):
             raise ToolCallError(
-                f"{call.func.id}: argument {keyword.arg}={_short(ast.unparse(keyword.value))} is not a JSON-like literal; "
+                f"{call.func.id}: argument {keyword.arg}={_short(_source(text, keyword.value))} is not a JSON-like literal; "
                 "use strings, numbers, True/False/None, lists and dicts with string keys"
             )
         arguments[keyword.arg] = value
@@ -114,6 +125,11 @@ def _is_json(value: Any) -> bool:
     if isinstance(value, dict):
         return all(isinstance(k, str) and _is_json(v) for k, v in value.items())
     return False
+
+
+def _source(text: str, node: ast.AST) -> str:
+    """The agent's own spelling of ``node``: sliced from the text, so no deep recursion."""
+    return ast.get_source_segment(text, node) or type(node).__name__
 
 
 def _short(text: str, limit: int = 80) -> str:

@@ -1,0 +1,101 @@
+"""The judge's answer parser on hostile text: linear time, a cap, an InvalidAnswer (never
+another exception), and the same result as the regex it replaced on ordinary replies."""
+
+import json
+import re
+import signal
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from draco_gym.reward import answers
+from draco_gym.reward.answers import InvalidAnswer, extract_json, parse_answer
+
+_OLD_FENCE = re.compile(r"^```[a-zA-Z]*\s*\n(.*)\n```\s*$", re.DOTALL)
+
+
+def reference_body(text: str) -> str:
+    """What the earlier regex (quadratic on a fence followed by many lines) handed to json."""
+    body = text.strip()
+    fenced = _OLD_FENCE.match(body)
+    return fenced.group(1).strip() if fenced else body
+
+
+def outcome(text: str):
+    try:
+        return ("ok", extract_json(text))
+    except InvalidAnswer:
+        return ("invalid", None)
+
+
+def reference_outcome(text: str):
+    if not text.strip():
+        return ("invalid", None)
+    body = reference_body(text)
+    try:
+        return ("ok", json.loads(body))
+    except ValueError:
+        start, end = body.find("{"), body.rfind("}")
+        if 0 <= start < end:
+            try:
+                return ("ok", json.loads(body[start : end + 1]))
+            except ValueError:
+                pass
+        return ("invalid", None)
+
+
+PIECES = ["```", "```json", "```JSON ", "\n", " ", "\t", '{"a": 1}', "{", "}", "[1]", "x", "\n```", "``", '"b"', ":"]
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=14))
+def test_same_result_as_the_reference_regex(pieces):
+    text = "".join(pieces)
+    assert outcome(text) == reference_outcome(text)
+
+
+def test_fenced_and_prose_wrapped_answers_still_parse():
+    assert extract_json('```json\n{"verdicts": []}\n```') == {"verdicts": []}
+    assert extract_json('Here it is:\n{"a": 1}\nThanks.') == {"a": 1}
+    assert parse_answer("propose", '```\n{"criteria": []}\n```').model_dump()["criteria"] == []
+
+
+def _parse_within(text: str, budget_s: float = 10.0) -> float:
+    """Seconds to reach a result or an InvalidAnswer; an alarm stops a quadratic parser."""
+    def stop(*_):
+        raise TimeoutError(f"parsing {len(text):,} characters took over {budget_s} s")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, budget_s)
+    start = time.perf_counter()
+    try:
+        extract_json(text)
+    except InvalidAnswer:
+        pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    return time.perf_counter() - start
+
+
+HOSTILE = {
+    "fence then blank lines": "```\n" + " \n" * 499_990 + "x",
+    "fence then many closers": "```json\n" + "\n```  x" * 140_000,
+    "deep brackets": "[" * 1_000_000,
+    "deep object in prose": "verdict: " + '{"a":' * 150_000 + "1" + "}" * 150_000,
+    "long integer": "1" * 1_000_000,
+    "braces": "{" * 500_000 + "}" * 500_000,
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_a_1mb_hostile_answer_is_read_in_linear_time(name, monkeypatch):
+    monkeypatch.setattr(answers, "MAX_ANSWER_CHARS", 2_000_000)  # read it all: this tests the parser
+    assert _parse_within(HOSTILE[name]) < 1.0
+
+
+def test_an_answer_over_the_cap_is_refused_unread():
+    with pytest.raises(InvalidAnswer, match=f"at most {answers.MAX_ANSWER_CHARS:,}"):
+        extract_json('{"a": "' + "x" * answers.MAX_ANSWER_CHARS + '"}')
