@@ -3,8 +3,10 @@
 The agent's code block runs in a separate interpreter (``sandbox_worker.py``) that keeps its
 variables across steps, has the tools and a ``submit(answer)`` function in scope, and runs
 under a wall-clock timeout, memory/CPU/file-size limits, no network, no subprocesses and no
-writes outside a per-episode temporary directory. It is the template for plugging any other
-text tool-use environment into draco-gym, and the fast environment of the unit tests.
+writes outside a per-episode temporary directory. ``sandbox`` chooses the OS boundary around
+it (``os_sandbox.py``): ``"bwrap"`` (bubblewrap), ``"guard"`` (audit hook and scrubbed
+environment only) or ``"auto"`` (bwrap when it can run). It is the template for plugging any
+other text tool-use environment into draco-gym, and the fast environment of the unit tests.
 
     env = gym.make("draco_gym/PythonTools-v0")                 # the built-in shop tasks
     env = PythonToolsEnv(tools=[my_api.search, my_api.buy],    # your own tools and tasks
@@ -20,7 +22,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -31,10 +32,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from draco_gym.envs import os_sandbox
 from draco_gym.envs.base import CodeStepEnv, Execution
 from draco_gym.types import Task
 
-WORKER = Path(__file__).with_name("sandbox_worker.py")
+WORKER = os_sandbox.WORKER_SCRIPT
 
 
 class SandboxError(RuntimeError):
@@ -42,39 +44,56 @@ class SandboxError(RuntimeError):
 
 
 class Sandbox:
-    """One interpreter process with a private temporary directory."""
+    """One interpreter process with a private temporary directory, inside the OS sandbox
+    when ``mode`` is ``"bwrap"`` (an already resolved mode: ``"bwrap"`` or ``"guard"``)."""
 
     def __init__(
         self,
         tools: Sequence[str],
         *,
+        mode: str = "guard",
+        read_only: Sequence[str] = (),
         memory_mb: int = 1024,
         cpu_s: int = 120,
         file_mb: int = 16,
         output_limit: int = 100_000,
         start_timeout_s: float = 30.0,
     ) -> None:
+        if mode not in ("bwrap", "guard"):
+            raise ValueError(f"Sandbox mode must be 'bwrap' or 'guard' (resolve 'auto' first), got {mode!r}")
         self.tools = list(tools)
+        self.mode = mode
         self.limits = {"memory_mb": memory_mb, "cpu_s": cpu_s, "file_mb": file_mb, "output_limit": output_limit}
         self.start_timeout_s = start_timeout_s
+        self.sys_path = os_sandbox.code_paths(sys.path)
+        # What the interpreter may read: itself, the import path, the tools' packages, the
+        # worker, and what the caller adds (data files its tools open).
+        self.readable = sorted({*os_sandbox.interpreter_paths(sys.executable), *self.sys_path,
+                                *tool_locations(self.tools), str(WORKER.resolve()),
+                                *(os.path.realpath(p) for p in read_only)})
         self.workdir: str | None = None
         self._proc: subprocess.Popen | None = None
-        self._pending = b""
+        self._channel: os_sandbox.JsonLines | None = None
 
     def start(self) -> None:
         self.close()
-        self.workdir = tempfile.mkdtemp(prefix="draco_pythontools_")
-        config = {**self.limits, "tools": self.tools, "workdir": self.workdir,
-                  "sys_path": [p for p in sys.path if p]}
+        self.workdir = os.path.realpath(tempfile.mkdtemp(prefix="draco_pythontools_"))
+        config = {**self.limits, "tools": self.tools, "workdir": self.workdir, "sys_path": self.sys_path,
+                  "private": os_sandbox.private_folders(), "readable": self.readable}
+        argv = [sys.executable, "-I", "-B", str(WORKER.resolve()), json.dumps(config)]
+        env = os_sandbox.allowlisted_env(self.workdir)  # never the parent's: it holds API keys
+        if self.mode == "bwrap":
+            argv = os_sandbox.bwrap_command(argv, workdir=self.workdir, read_only=self.readable, env=env)
         self._proc = subprocess.Popen(
-            [sys.executable, "-I", "-B", str(WORKER), json.dumps(config)],
+            argv,
+            env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=self.workdir,
             start_new_session=True,  # its own process group, so close() kills anything it left
         )
-        self._pending = b""
+        self._channel = os_sandbox.JsonLines(self._proc.stdin, self._proc.stdout.fileno())
         try:
             self._read(time.monotonic() + self.start_timeout_s)
         except SandboxError as exc:
@@ -87,9 +106,8 @@ class Sandbox:
         if self._proc is None or self._proc.poll() is not None:
             raise SandboxError("the interpreter is not running")
         try:
-            self._proc.stdin.write((json.dumps({"code": code}) + "\n").encode())
-            self._proc.stdin.flush()
-        except (BrokenPipeError, OSError) as exc:
+            self._channel.send({"code": code})
+        except OSError as exc:
             raise SandboxError(f"the interpreter stopped accepting code ({exc})") from None
         try:
             return self._read(time.monotonic() + timeout_s)
@@ -98,22 +116,12 @@ class Sandbox:
             raise
 
     def _read(self, deadline: float) -> dict[str, Any]:
-        fd = self._proc.stdout.fileno()
-        while b"\n" not in self._pending:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError
-            ready, _, _ = select.select([fd], [], [], remaining)
-            if not ready:
-                continue
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                code = self._proc.wait()
-                reason = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-                raise SandboxError(f"the interpreter died ({reason})")
-            self._pending += chunk
-        line, _, self._pending = self._pending.partition(b"\n")
-        return json.loads(line)
+        try:
+            return self._channel.receive(deadline)
+        except EOFError:
+            code = self._proc.wait()
+            reason = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            raise SandboxError(f"the interpreter died ({reason})") from None
 
     def _stderr(self) -> str:
         if self._proc is None or self._proc.stderr is None:
@@ -136,10 +144,32 @@ class Sandbox:
             for stream in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
                 if stream is not None:
                     stream.close()
-            self._proc = None
+            self._proc, self._channel = None, None
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
+
+
+def tool_locations(specs: Sequence[str]) -> list[str]:
+    """The folders of every package on the tools' module paths (``a``, ``a.b`` for
+    ``a.b.c:f``) and the tool modules' files: what importing them reads beyond sys.path
+    (editable installs map packages to folders that are on no import path)."""
+    import importlib.util
+
+    found: set[str] = set()
+    for spec in specs:
+        parts = spec.partition(":")[0].split(".")
+        for i in range(1, len(parts) + 1):
+            try:
+                module_spec = importlib.util.find_spec(".".join(parts[:i]))
+            except (ImportError, ValueError):
+                continue
+            if module_spec is None:
+                continue
+            found.update(os.path.realpath(p) for p in module_spec.submodule_search_locations or ())
+            if module_spec.origin and os.path.exists(module_spec.origin):
+                found.add(os.path.realpath(module_spec.origin))
+    return sorted(found)
 
 
 def tool_spec(tool: Callable | str) -> str:
@@ -201,7 +231,12 @@ Task: {instruction}"""
 
 
 class PythonToolsEnv(CodeStepEnv):
-    """See the module docstring. Deterministic given the code, so episodes can be restored."""
+    """See the module docstring. Deterministic given the code, so episodes can be restored.
+
+    ``sandbox`` (``"auto"``, ``"bwrap"``, ``"guard"``) is resolved here: ``"bwrap"`` raises
+    ``SandboxUnavailable`` when bubblewrap cannot run, ``"guard"`` (chosen or fallen back to)
+    warns once. ``read_only_paths`` adds files or folders the tools read (their data) to
+    what the sandboxed interpreter can see."""
 
     can_restore = True
 
@@ -215,9 +250,12 @@ class PythonToolsEnv(CodeStepEnv):
         cpu_s: int = 120,
         file_mb: int = 16,
         output_limit: int = 100_000,
+        sandbox: os_sandbox.SandboxMode = "auto",
+        read_only_paths: Sequence[str | os.PathLike] = (),
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        os_sandbox.check_mode(sandbox)
         if tools is None:
             from draco_gym.envs import shop
 
@@ -231,8 +269,9 @@ class PythonToolsEnv(CodeStepEnv):
         self._tool_specs = [tool_spec(t) for t in tools]
         self._tool_docs = "\n\n".join(describe_tool(t) for t in tools)
         self._tasks = {t.id: t for t in (self._as_task(x) for x in tasks)}
-        self._sandbox = Sandbox(self._tool_specs, memory_mb=memory_mb, cpu_s=cpu_s, file_mb=file_mb,
-                                output_limit=output_limit)
+        self.sandbox = os_sandbox.resolve_mode(sandbox, "PythonTools")
+        self._sandbox = Sandbox(self._tool_specs, mode=self.sandbox, read_only=[str(p) for p in read_only_paths],
+                                memory_mb=memory_mb, cpu_s=cpu_s, file_mb=file_mb, output_limit=output_limit)
         self._answer: Any = None
         self._submitted = False
         self._replay: list[str] = []

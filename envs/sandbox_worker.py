@@ -2,19 +2,24 @@
 by the parent).
 
 It keeps one namespace alive across code blocks, like a notebook, so variables persist from
-step to step. Before any agent code runs it confines itself:
+step to step. The parent starts it inside the OS sandbox (``os_sandbox.py``: bubblewrap,
+no network, read-only code, only its work folder writable, an allowlisted environment) when
+it can; whatever the sandbox, before any agent code runs it confines itself too:
 
   - resource limits: address space (memory), CPU seconds, size of any file written;
-  - an audit hook (PEP 578) that refuses process creation, signals, sockets, ctypes and any
-    file write or deletion outside the episode's temporary directory;
+  - an audit hook (PEP 578) that refuses process creation, signals, sockets, ctypes, any
+    file write or deletion outside the episode's temporary directory, and reads of private
+    places (the parent's home folder, other processes' /proc entries) outside the code
+    folders it was given;
   - stdout/stderr of agent code go to a capped buffer, not to the protocol pipe.
 
 Requests and replies are JSON lines on a private pipe (the original stdout fd, duplicated
 before fd 1 is pointed at /dev/null). Wall-clock timeouts are the parent's job: it kills
 this process and starts a new one.
 
-This is a guard against accidents and careless agents, not a security boundary against
-an adversary: run untrusted models inside a container as well.
+The hook alone is a guard, not a boundary (native code can get around it); the boundary is
+the OS sandbox around this process. AppWorld's engine server loads ``PrivateReads`` from
+this file too, so both environments refuse the same reads.
 """
 
 from __future__ import annotations
@@ -91,7 +96,39 @@ _PATH_EVENTS = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "o
                 "os.symlink", "os.link", "os.utime", "shutil.rmtree", "shutil.move", "shutil.copyfile"}
 
 
-def install_guard(workdir: str) -> None:
+def _under(path: str, roots: list[str]) -> bool:
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+class PrivateReads:
+    """Which reads the audit hook refuses: anything under the ``private`` folders (the
+    parent's home) that is not under a ``readable`` one (code and data bound for this
+    process), and another process's /proc entries (its environment, memory, command line).
+    Paths are resolved first, so a symlink in the work folder does not get around it."""
+
+    def __init__(self, private: list[str], readable: list[str]) -> None:
+        self.private = [os.path.realpath(p) for p in private]
+        self.readable = [os.path.realpath(p) for p in readable]
+        self.own_pid = str(os.getpid())
+
+    def refused(self, path) -> bool:
+        if path is None or isinstance(path, int):
+            return False  # the work folder, or a descriptor checked when it was opened
+        try:
+            real = os.path.realpath(os.fsdecode(path))
+        except (TypeError, ValueError):
+            return True
+        if real.startswith("/proc/"):
+            entry = real.split("/")[2]
+            if entry.isdigit() and entry != self.own_pid:
+                return True
+        return _under(real, self.private) and not _under(real, self.readable)
+
+
+_READ_EVENTS = {"open", "os.listdir", "os.scandir"}
+
+
+def install_guard(workdir: str, reads: PrivateReads | None = None) -> None:
     root = os.path.realpath(workdir)
 
     def inside(path) -> bool:
@@ -106,6 +143,8 @@ def install_guard(workdir: str) -> None:
     def hook(event: str, args: tuple) -> None:
         if event in _BLOCKED_EVENTS:
             raise PermissionError(f"sandbox: {_BLOCKED_EVENTS[event]} is not allowed ({event})")
+        if event in _READ_EVENTS and reads is not None and args and reads.refused(args[0]):
+            raise PermissionError(f"sandbox: reading {args[0]!r} is not allowed")
         if event == "open":
             path, mode, flags = args
             writing = (mode is not None and any(c in str(mode) for c in "wax+")) or (
@@ -174,7 +213,7 @@ def main() -> None:
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     set_limits(config["memory_mb"], config["cpu_s"], config["file_mb"])
-    install_guard(config["workdir"])
+    install_guard(config["workdir"], PrivateReads(config["private"], config["readable"]))
     proto_out.write(json.dumps({"ready": True}) + "\n")
 
     for line in proto_in:

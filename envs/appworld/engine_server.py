@@ -1,7 +1,9 @@
 """The AppWorld environment server. Runs INSIDE the isolated runtime, never imported by draco-gym.
 
-Started by ``server.py`` as ``<runtime python> engine_server.py --port-file F ...``. It holds
-one AppWorld world at a time and serves a tiny JSON-over-HTTP protocol on 127.0.0.1:
+Started by ``server.py`` as ``<runtime python> engine_server.py --requests-fd R --replies-fd W ...``,
+inside the OS sandbox when there is one (``os_sandbox.py``: bubblewrap with no network).
+It holds one AppWorld world at a time and answers JSON lines on two inherited pipes, one
+request at a time, each ``{"method", "path", "body"}`` answered by ``{"status", "body"}``:
 
     GET  /health                       -> {"ok": true, "pid": ..., "task_id": ...}
     POST /reset    {"task_id", "timeout_s"} -> {"task": {...}}   (closes the previous world)
@@ -11,14 +13,13 @@ one AppWorld world at a time and serves a tiny JSON-over-HTTP protocol on 127.0.
 
 Why not the package's own ``appworld serve environment``: it binds 0.0.0.0 with no host
 option, and FastAPI runs handlers off the main thread, where AppWorld's SIGALRM timeout
-cannot fire. Here the standard library's single-threaded server keeps every execution on the
-main thread, one request at a time (a world freezes the process clock and is
-one-per-process anyway), with keep-alive so a step costs one localhost round trip.
+cannot fire. Here every execution runs on the main thread. Why pipes rather than a port:
+the sandbox then needs no network at all, and no other local process can reach the server.
 
-Defences on top of AppWorld's own safety guard and timeout: an address-space limit so a
-memory bomb raises MemoryError instead of taking the machine, a cap on the output returned,
-and a watchdog that exits when the parent process disappears (no orphans, even after
-SIGKILL of the parent).
+Defences on top of AppWorld's own safety guard and timeout: the audit hook below, an
+address-space limit so a memory bomb raises MemoryError instead of taking the machine, a
+cap on the output returned, and exit as soon as the parent is gone (its end of the request
+pipe closes, or, outside the sandbox, the process is re-parented).
 """
 
 from __future__ import annotations
@@ -31,16 +32,18 @@ import sys
 import threading
 import time
 import traceback
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 
 class Sandbox:
     """A second wall behind AppWorld's safety guard, which patches module functions and so
     misses other routes to the same system calls (``__import__('posix').system(...)`` runs
     on 0.1.3.post1): while agent code runs, an audit hook refuses the operations that could
-    touch the host, whatever module they come from. It is switched on only around the
-    agent's cell, so the engine's own state saving is unaffected. Cost: the hook is called
-    on every audit event of the process, about 10% of a step (bench/appworld_env.py)."""
+    touch the host, whatever module they come from, and the reads PythonTools' worker
+    refuses too (``PrivateReads``: the parent's home folder outside the runtime and data,
+    other processes' /proc entries). It is switched on only around the agent's cell, so
+    the engine's own state saving is unaffected. Cost: the hook is called on every audit
+    event of the process, about 10% of a step (bench/appworld_env.py). Inside bubblewrap
+    it is the inner layer; without it, the only one."""
 
     BLOCKED = {
         "os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
@@ -51,8 +54,11 @@ class Sandbox:
     }
     WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
-    def __init__(self) -> None:
+    READ_EVENTS = {"open", "os.listdir", "os.scandir"}
+
+    def __init__(self, reads=None) -> None:
         self.active = False
+        self.reads = reads
         sys.addaudithook(self._hook)
 
     def _hook(self, event: str, args: tuple) -> None:
@@ -60,6 +66,8 @@ class Sandbox:
             return
         if event in self.BLOCKED:
             self._refuse(event)
+        if event in self.READ_EVENTS and self.reads is not None and args and self.reads.refused(args[0]):
+            self._refuse(f"reading {args[0]!r}")
         if event == "open" and len(args) >= 3:
             path, mode, flags = args[0], args[1], args[2]
             writes = any(c in mode for c in "wax+") if isinstance(mode, str) else bool((flags or 0) & self.WRITE_FLAGS)
@@ -91,13 +99,13 @@ def _clip(text: str, limit: int) -> str:
 class Engine:
     """The one live world of this process and the operations the protocol exposes."""
 
-    def __init__(self, experiment_name: str, max_output_chars: int) -> None:
+    def __init__(self, experiment_name: str, max_output_chars: int, reads=None) -> None:
         from appworld import AppWorld  # imported here: this process only exists to run it
 
         self._AppWorld = AppWorld
         self.experiment_name = experiment_name
         self.max_output_chars = max_output_chars
-        self.sandbox = Sandbox()
+        self.sandbox = Sandbox(reads)
         self.world = None
         self.task_id: str | None = None
         self.completion_called = False
@@ -178,63 +186,47 @@ def _requirement(entry) -> str:
     return str(entry)
 
 
-def make_handler(engine: Engine):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive: one TCP connection per client
-        disable_nagle_algorithm = True  # else a small reply can wait ~40 ms for a delayed ACK
+def handle(engine: Engine, method: str, path: str, body: dict) -> tuple[int, dict]:
+    """One request -> (status, answer); never raises: the server must answer, not die."""
+    try:
+        if (method, path) == ("GET", "/health"):
+            return 200, {"ok": True, "pid": os.getpid(), "task_id": engine.task_id}
+        if method != "POST" or path not in ("/reset", "/execute", "/evaluate", "/shutdown"):
+            return 404, {"error": f"no such endpoint: {method} {path}"}
+        if path == "/reset":
+            return 200, engine.reset(str(body["task_id"]), int(body.get("timeout_s", 60)))
+        if path == "/execute":
+            return 200, engine.execute(str(body["code"]))
+        if path == "/evaluate":
+            return 200, engine.evaluate()
+        engine.close()
+        return 200, {"ok": True}
+    except KeyError as exc:
+        return 404, {"error": str(exc.args[0]) if exc.args else repr(exc)}
+    except BaseException as exc:  # noqa: BLE001 - SystemExit from agent code included
+        return 500, {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5)}
 
-        def log_message(self, format, *args):  # noqa: A002 - silence per-request logging
-            pass
 
-        def do_GET(self):
-            if self.path == "/health":
-                self._reply(200, {"ok": True, "pid": os.getpid(), "task_id": engine.task_id})
-            else:
-                self._reply(404, {"error": f"no such endpoint: GET {self.path}"})
-
-        def do_POST(self):
-            length = int(self.headers.get("Content-Length") or 0)
-            try:
-                body = json.loads(self.rfile.read(length) or b"{}")
-            except ValueError as exc:
-                self._reply(400, {"error": f"request body is not JSON: {exc}"})
-                return
-            try:
-                if self.path == "/reset":
-                    result = engine.reset(str(body["task_id"]), int(body.get("timeout_s", 60)))
-                elif self.path == "/execute":
-                    result = engine.execute(str(body["code"]))
-                elif self.path == "/evaluate":
-                    result = engine.evaluate()
-                elif self.path == "/shutdown":
-                    engine.close()
-                    self._reply(200, {"ok": True})
-                    threading.Thread(target=self.server.shutdown, daemon=True).start()
-                    return
-                else:
-                    self._reply(404, {"error": f"no such endpoint: POST {self.path}"})
-                    return
-            except KeyError as exc:
-                self._reply(404, {"error": str(exc.args[0]) if exc.args else repr(exc)})
-                return
-            except BaseException as exc:  # noqa: BLE001 - the server must answer, not die
-                self._reply(500, {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5)})
-                return
-            self._reply(200, result)
-
-        def _reply(self, status: int, payload: dict) -> None:
-            data = json.dumps(payload, default=str).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self._headers_buffer.append(b"\r\n" + data)  # headers and body in one send
-            self.flush_headers()
-
-    return Handler
+def serve(engine: Engine, requests, replies) -> None:
+    """Answer requests until /shutdown or until the parent closes its end (it is gone)."""
+    for line in requests:
+        try:
+            request = json.loads(line)
+            method, path, body = request["method"], request["path"], request.get("body") or {}
+        except (ValueError, KeyError, TypeError) as exc:
+            status, answer, path = 400, {"error": f"request is not a JSON object with method and path: {exc}"}, None
+        else:
+            status, answer = handle(engine, method, path, body)
+        replies.write(json.dumps({"status": status, "body": answer}, default=str).encode() + b"\n")
+        replies.flush()
+        if path == "/shutdown" and status == 200:
+            return
 
 
 def _watch_parent(parent_pid: int, scratch: str | None) -> None:
-    """Exit as soon as the process that started us is gone (we got re-parented)."""
+    """Exit as soon as the process that started us is gone (we got re-parented), even while
+    agent code keeps the main thread busy. Inside bubblewrap (own PID namespace) the
+    sandbox's ``--die-with-parent`` does this instead."""
     while True:
         if os.getppid() != parent_pid:
             _remove_scratch(scratch)
@@ -250,30 +242,44 @@ def _remove_scratch(scratch: str | None) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _private_reads(private: list[str], readable: list[str]):
+    """PythonTools' read rule, loaded from its file: this process cannot import draco-gym."""
+    import importlib.util
+
+    worker = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sandbox_worker.py")
+    spec = importlib.util.spec_from_file_location("draco_sandbox_worker", worker)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.PrivateReads(private, readable)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--port-file", required=True)
-    parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--requests-fd", type=int, required=True)
+    parser.add_argument("--replies-fd", type=int, required=True)
+    parser.add_argument("--parent-pid", type=int, default=0, help="exit when re-parented away from it (0: off)")
     parser.add_argument("--experiment", default="draco_gym")
     parser.add_argument("--memory-limit-mb", type=int, default=4096)
     parser.add_argument("--max-output-chars", type=int, default=200_000)
     parser.add_argument("--scratch", default=None, help="private folder to delete on exit, even when orphaned")
+    parser.add_argument("--private", action="append", default=[], help="folder whose reads agent code is refused")
+    parser.add_argument("--readable", action="append", default=[], help="exception to --private")
     args = parser.parse_args()
 
-    threading.Thread(target=_watch_parent, args=(args.parent_pid, args.scratch), daemon=True).start()
+    requests = os.fdopen(args.requests_fd, "rb")
+    replies = os.fdopen(args.replies_fd, "wb")
+    if args.parent_pid:
+        threading.Thread(target=_watch_parent, args=(args.parent_pid, args.scratch), daemon=True).start()
     if args.memory_limit_mb > 0:
         limit = args.memory_limit_mb * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    engine = Engine(args.experiment, args.max_output_chars)  # pays the appworld import now
-    server = HTTPServer(("127.0.0.1", 0), make_handler(engine))
-    port = server.server_address[1]
-    tmp = args.port_file + ".tmp"
-    with open(tmp, "w") as handle:
-        handle.write(str(port))
-    os.replace(tmp, args.port_file)  # atomic: the parent never reads a half-written port
+    reads = _private_reads(args.private, args.readable)
+    engine = Engine(args.experiment, args.max_output_chars, reads)  # pays the appworld import now
+    replies.write(json.dumps({"status": 200, "body": {"ready": True, "pid": os.getpid()}}).encode() + b"\n")
+    replies.flush()
     try:
-        server.serve_forever(poll_interval=0.2)
+        serve(engine, requests, replies)
     finally:
         engine.close()
         _remove_scratch(args.scratch)

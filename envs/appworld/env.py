@@ -27,6 +27,7 @@ from draco_gym.envs.appworld.runtime import AppWorldRuntime, print_progress
 from draco_gym.envs.appworld.server import EnvServer, RemoteError, ServerDied, ServerError, ServerPool
 from draco_gym.envs.appworld.suite import TaskSource, resolve_source
 from draco_gym.envs.base import CodeStepEnv, EndRule, Execution
+from draco_gym.envs.os_sandbox import SandboxMode, check_mode
 from draco_gym.types import Task
 
 PROMPT = """\
@@ -69,7 +70,10 @@ class AppWorldEnv(CodeStepEnv):
     ``data_root`` points at a real AppWorld data folder; without it (and without
     ``$DRACO_GYM_APPWORLD_DATA``) the offline suite of ``suite_seed`` is used, built on
     first use. ``step_timeout_s`` bounds one code block inside the engine; the server gets
-    ``grace_s`` more before it is declared stuck and replaced.
+    ``grace_s`` more before it is declared stuck and replaced. ``sandbox`` (``"auto"``,
+    ``"bwrap"``, ``"guard"``; see ``draco_gym.envs.os_sandbox``) is the OS boundary around
+    the engine servers, resolved here: ``"bwrap"`` raises when bubblewrap cannot run. A
+    ``pool`` given brings its own.
     """
 
     can_restore = True
@@ -92,6 +96,7 @@ class AppWorldEnv(CodeStepEnv):
         languages: tuple[str, ...] = DEFAULT_LANGUAGES,
         render_mode: str | None = None,
         show_progress: bool = True,
+        sandbox: SandboxMode = "auto",
     ) -> None:
         super().__init__(end_rule=end_rule, max_turns=max_turns, max_observation_chars=max_observation_chars,
                          multi_block=multi_block, languages=languages, render_mode=render_mode)
@@ -106,7 +111,8 @@ class AppWorldEnv(CodeStepEnv):
         if task_id is not None:
             self._check_task_id(task_id)
         self.default_task_id = task_id
-        self.pool = pool or ServerPool.shared(self.runtime, self.source.data_dir)
+        check_mode(sandbox)
+        self.pool = pool or ServerPool.shared(self.runtime, self.source.data_dir, sandbox)
         self.step_timeout_s = step_timeout_s
         self.grace_s = grace_s
         self._server: EnvServer | None = None

@@ -92,8 +92,15 @@ class AppWorldRuntime:
     def is_ready(self) -> bool:
         return self._marker.is_file() and self.python.exists()
 
+    def engine_env(self, appworld_root: str | os.PathLike) -> dict[str, str]:
+        """The engine's own variables, for a server that runs agent code: its whole
+        environment is these on top of ``os_sandbox.allowlisted_env``, never the caller's."""
+        return {"APPWORLD_CACHE": str(self.cache_dir), "APPWORLD_ROOT": str(appworld_root),
+                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+
     def subprocess_env(self, appworld_root: str | os.PathLike | None = None) -> dict[str, str]:
-        """Environment for any process running inside the runtime.
+        """Environment for the runtime's setup and offline suite builder, which run no agent
+        code (pip needs the caller's proxy and index settings).
 
         Starts from the caller's environment minus variables that would leak the main
         interpreter into the runtime's (PYTHONPATH, an active venv)."""

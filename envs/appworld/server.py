@@ -1,24 +1,26 @@
 """Environment server processes and the pool that lends them to environments.
 
-An ``EnvServer`` is one ``engine_server.py`` process running in the isolated runtime, bound to
-127.0.0.1 on a port the OS picked, plus a keep-alive HTTP client for it. Servers are costly
+An ``EnvServer`` is one ``engine_server.py`` process running in the isolated runtime, inside
+the OS sandbox (``os_sandbox.py``; ``sandbox="bwrap"``) or behind its audit hook alone
+(``"guard"``), and the pair of pipes it answers on (no network: the sandbox has none). Its
+environment is an allowlist, never the parent's, so API keys do not reach agent code. Servers are costly
 to start (seconds: the engine import) and cheap to reuse (a reset loads the next task), so
 a ``ServerPool`` keeps them alive across episodes and hands an idle one to each environment
 that needs one; N environments in one process run on N servers in parallel. In a Ray
 actor the module-level pool of that actor's process does the same.
 
 No orphans: every server is stopped when its pool shuts down, at interpreter exit (atexit),
-and by the server's own watchdog when this process dies without running atexit (SIGKILL).
+and when this process dies without running atexit (SIGKILL): bubblewrap's
+``--die-with-parent`` kills the sandbox, and outside it the server's own watchdog exits.
 """
 
 from __future__ import annotations
 
 import atexit
-import http.client
-import json
 import os
+import secrets
+import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -26,6 +28,7 @@ import time
 import weakref
 from pathlib import Path
 
+from draco_gym.envs import os_sandbox
 from draco_gym.envs.appworld.runtime import AppWorldRuntime
 
 ENGINE_SCRIPT = Path(__file__).with_name("engine_server.py")
@@ -48,7 +51,8 @@ class RemoteError(RuntimeError):
 
 
 class EnvServer:
-    """One engine process on 127.0.0.1 and its HTTP connection."""
+    """One engine process and the pipes to it. ``sandbox`` is a resolved mode, ``"bwrap"``
+    or ``"guard"`` (the environment resolves ``"auto"`` when it is built)."""
 
     def __init__(
         self,
@@ -58,34 +62,41 @@ class EnvServer:
         name: str = "server",
         startup_timeout_s: float = 120.0,
         memory_limit_mb: int = 4096,
+        sandbox: str = "guard",
     ) -> None:
+        if sandbox not in ("bwrap", "guard"):
+            raise ValueError(f"EnvServer sandbox must be 'bwrap' or 'guard' (resolve 'auto' first), got {sandbox!r}")
         self.runtime = runtime
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(data_dir).resolve()
         self.name = name
         self.startup_timeout_s = startup_timeout_s
         self.memory_limit_mb = memory_limit_mb
+        self.sandbox = sandbox
         self.process: subprocess.Popen | None = None
-        self.port: int | None = None
         self.starts = 0
-        self._conn: http.client.HTTPConnection | None = None
+        self._channel: os_sandbox.JsonLines | None = None
+        self._pipes: tuple = ()
+        self._log = None
         self._workdir: Path | None = None
 
     def __repr__(self) -> str:
-        state = f"pid={self.process.pid} port={self.port}" if self.alive else "stopped"
-        return f"EnvServer({self.name}, {state})"
+        state = f"pid={self.process.pid}" if self.alive else "stopped"
+        return f"EnvServer({self.name}, {self.sandbox}, {state})"
 
     @property
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    @property
-    def log_path(self) -> Path | None:
-        return self._workdir / "server.log" if self._workdir else None
+    def readable(self) -> list[str]:
+        """What the engine reads: the runtime (its venv, the engine's cache), the interpreter
+        the venv links to, the task data, and this package's engine script and read rule."""
+        return sorted({str(self.runtime.home.resolve()), *os_sandbox.interpreter_paths(self.runtime.python),
+                       str(self.data_dir), str(ENGINE_SCRIPT.resolve()), str(os_sandbox.WORKER_SCRIPT.resolve())})
 
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> EnvServer:
-        """Start the process and wait until it answers /health. Idempotent while alive."""
+        """Start the process and wait until it is ready. Idempotent while alive."""
         if self.alive:
             return self
         if not self.runtime.is_ready():
@@ -95,45 +106,60 @@ class EnvServer:
         self.stop()
         # A private APPWORLD_ROOT per server: 'data' links to the shared (read-only) task
         # folder; the engine writes its per-task outputs under this root, never in the data.
-        self._workdir = Path(tempfile.mkdtemp(prefix=f"draco-appworld-{self.name}-"))
-        os.symlink(self.data_dir, self._workdir / "data")
-        port_file = self._workdir / "port"
-        log = open(self._workdir / "server.log", "ab")
+        # In bubblewrap it is an in-memory folder of the sandbox: nothing of it on the host.
+        workdir = Path(tempfile.gettempdir()).resolve() / f"draco-appworld-{self.name}-{secrets.token_hex(6)}"
+        if self.sandbox == "guard":
+            workdir.mkdir(mode=0o700)
+            os.symlink(self.data_dir, workdir / "data")
+        self._workdir = workdir
+        readable = self.readable()
         command = [
-            str(self.runtime.python), str(ENGINE_SCRIPT),
-            "--port-file", str(port_file),
-            "--parent-pid", str(os.getpid()),
+            str(self.runtime.python), str(ENGINE_SCRIPT.resolve()),
             "--experiment", "draco_gym",
             "--memory-limit-mb", str(self.memory_limit_mb),
-            "--scratch", str(self._workdir),
+            "--scratch", str(workdir),
+            *(arg for path in os_sandbox.private_folders() for arg in ("--private", path)),
+            *(arg for path in readable for arg in ("--readable", path)),
         ]
+        env = os_sandbox.allowlisted_env(str(workdir), self.runtime.engine_env(workdir))
+        requests_r, requests_w = os.pipe()
+        replies_r, replies_w = os.pipe()
+        command += ["--requests-fd", str(requests_r), "--replies-fd", str(replies_w)]
+        if self.sandbox == "bwrap":
+            command = os_sandbox.bwrap_command(command, workdir=str(workdir), read_only=readable, env=env,
+                                               private_workdir=True, symlinks={str(workdir / "data"): str(self.data_dir)})
+        else:
+            command += ["--parent-pid", str(os.getpid())]
+        self._log = tempfile.TemporaryFile(prefix="draco-appworld-log-")  # gone with its last descriptor
         try:
             self.process = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                stdout=self._log,
                 stderr=subprocess.STDOUT,
-                cwd=str(self._workdir),
-                env=self.runtime.subprocess_env(self._workdir),
+                cwd=str(workdir) if self.sandbox == "guard" else "/",
+                env=env,
+                pass_fds=(requests_r, replies_w),
                 start_new_session=True,  # our Ctrl-C goes to us; we stop the server ourselves
             )
         finally:
-            log.close()
+            os.close(requests_r)
+            os.close(replies_w)
+        writer = os.fdopen(requests_w, "wb")
+        self._pipes = (writer, replies_r)
+        self._channel = os_sandbox.JsonLines(writer, replies_r)
         self.starts += 1
         _live_servers.add(self)
-        deadline = time.monotonic() + self.startup_timeout_s
-        while not port_file.exists():
-            if self.process.poll() is not None:
-                raise ServerError(f"{self.name} exited with code {self.process.returncode} while starting:\n{self._log_tail()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise ServerError(f"{self.name} did not start within {self.startup_timeout_s:.0f} s:\n{self._log_tail()}")
-            time.sleep(0.05)
-        self.port = int(port_file.read_text())
-        health = self.health()
-        if health.get("pid") != self.process.pid:
+        try:
+            self._channel.receive(time.monotonic() + self.startup_timeout_s)
+        except TimeoutError:
             self.stop()
-            raise ServerError(f"port {self.port} is answered by another process (pid {health.get('pid')})")
+            raise ServerError(f"{self.name} did not start within {self.startup_timeout_s:.0f} s") from None
+        except (EOFError, ValueError):
+            code = self.process.wait(5)
+            tail = self._log_tail()
+            self.stop()
+            raise ServerError(f"{self.name} exited with code {code} while starting:\n{tail}") from None
         return self
 
     def health(self, timeout_s: float = 5.0) -> dict:
@@ -141,25 +167,31 @@ class EnvServer:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the process (politely, then SIGKILL) and remove its scratch folder."""
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
         process, self.process = self.process, None
+        for end in self._pipes:  # closing the request pipe alone makes an idle server exit
+            try:
+                end.close() if hasattr(end, "close") else os.close(end)
+            except OSError:
+                pass
+        self._pipes, self._channel = (), None
         if process is not None and process.poll() is None:
             try:
-                os.killpg(process.pid, signal.SIGTERM)
-                process.wait(timeout_s)
-            except (ProcessLookupError, PermissionError):
-                pass
+                process.wait(0.5)
             except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout_s)
+                try:
+                    os.killpg(process.pid, signal.SIGTERM)
+                    process.wait(timeout_s)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait(timeout_s)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
         if self._workdir is not None:
-            import shutil
-
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
-        self.port = None
 
     def restart(self) -> EnvServer:
         self.stop()
@@ -168,41 +200,30 @@ class EnvServer:
     # -- protocol ---------------------------------------------------------------------------
 
     def request(self, method: str, path: str, body: dict | None = None, *, timeout_s: float = 60.0) -> dict:
-        """One JSON request. Raises ServerDied when the process or connection is gone,
-        RemoteError when the server answered with an error."""
-        if not self.alive or self.port is None:
+        """One request. Raises ServerDied when the process is gone or does not answer within
+        ``timeout_s`` (the caller then replaces it), RemoteError when it answered with an error."""
+        if not self.alive or self._channel is None:
             raise ServerDied(f"{self.name} is not running")
-        payload = json.dumps(body or {}).encode()
-        conn = self._conn
         try:
-            if conn is None:
-                conn = self._conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)
-                conn.connect()
-                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if conn.sock is not None:  # None only if the server closed it; request() reconnects
-                conn.sock.settimeout(timeout_s)
-            conn.request(method, path, body=payload if method == "POST" else None,
-                         headers={"Content-Type": "application/json"})
-            response = conn.getresponse()
-            data = response.read()
-        except (OSError, http.client.HTTPException) as exc:
-            self._conn = None
-            if conn is not None:
-                conn.close()
-            reason = "timed out" if isinstance(exc, (socket.timeout, TimeoutError)) else f"{type(exc).__name__}: {exc}"
-            raise ServerDied(f"{self.name} {method} {path} failed ({reason})") from exc
-        try:
-            answer = json.loads(data)
-        except ValueError as exc:
-            raise ServerDied(f"{self.name} sent a non-JSON answer to {path}") from exc
-        if response.status != 200:
-            raise RemoteError(response.status, answer.get("error", f"HTTP {response.status}"))
+            self._channel.send({"method": method, "path": path, "body": body or {}})
+            reply = self._channel.receive(time.monotonic() + timeout_s)
+        except TimeoutError:
+            self.stop()  # a late answer would be read as the next request's
+            raise ServerDied(f"{self.name} {method} {path} failed (timed out)") from None
+        except (OSError, EOFError, ValueError) as exc:
+            reason = "the process exited" if isinstance(exc, EOFError) else f"{type(exc).__name__}: {exc}"
+            self.stop()
+            raise ServerDied(f"{self.name} {method} {path} failed ({reason})") from None
+        answer = reply.get("body") or {}
+        if reply.get("status") != 200:
+            raise RemoteError(reply.get("status", 500), answer.get("error", f"status {reply.get('status')}"))
         return answer
 
     def _log_tail(self, lines: int = 20) -> str:
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except (OSError, AttributeError):
+            self._log.seek(0)
+            return "\n".join(self._log.read().decode(errors="replace").splitlines()[-lines:])
+        except (OSError, AttributeError, ValueError):
             return "(no server log)"
 
 
@@ -217,7 +238,8 @@ class ServerPool:
     _shared_lock = threading.Lock()
 
     def __init__(self, runtime: AppWorldRuntime, data_dir: Path, *, max_servers: int | None = None,
-                 memory_limit_mb: int = 4096) -> None:
+                 memory_limit_mb: int = 4096, sandbox: os_sandbox.SandboxMode = "auto") -> None:
+        self.sandbox = os_sandbox.resolve_mode(sandbox, "AppWorld")
         self.runtime = runtime
         self.data_dir = Path(data_dir)
         self.max_servers = max_servers
@@ -229,13 +251,14 @@ class ServerPool:
         _live_pools.add(self)
 
     @classmethod
-    def shared(cls, runtime: AppWorldRuntime, data_dir: Path) -> ServerPool:
-        """The process-wide pool for one (runtime, data folder)."""
-        key = (str(runtime.python), str(Path(data_dir).resolve()))
+    def shared(cls, runtime: AppWorldRuntime, data_dir: Path, sandbox: str = "auto") -> ServerPool:
+        """The process-wide pool for one (runtime, data folder, resolved sandbox mode)."""
+        mode = os_sandbox.resolve_mode(sandbox, "AppWorld")
+        key = (str(runtime.python), str(Path(data_dir).resolve()), mode)
         with cls._shared_lock:
             pool = cls._shared.get(key)
             if pool is None or pool._closed:
-                pool = cls._shared[key] = cls(runtime, Path(data_dir).resolve())
+                pool = cls._shared[key] = cls(runtime, Path(data_dir).resolve(), sandbox=mode)
             return pool
 
     @property
@@ -256,7 +279,7 @@ class ServerPool:
                     self._all.remove(server)
                 if self.max_servers is None or len(self._all) < self.max_servers:
                     server = EnvServer(self.runtime, self.data_dir, name=f"appworld-{len(self._all) + 1}",
-                                       memory_limit_mb=self.memory_limit_mb)
+                                       memory_limit_mb=self.memory_limit_mb, sandbox=self.sandbox)
                     self._all.append(server)
                     break
                 remaining = None if deadline is None else deadline - time.monotonic()
