@@ -102,6 +102,7 @@ class AppWorldEnv(CodeStepEnv):
                          multi_block=multi_block, languages=languages, render_mode=render_mode)
         if not isinstance(step_timeout_s, int) or step_timeout_s < 1:
             raise ValueError(f"step_timeout_s must be a positive integer (seconds), got {step_timeout_s!r}")
+        check_mode(sandbox)
         self.runtime = AppWorldRuntime(runtime_home)
         progress = print_progress if show_progress else None
         self.source: TaskSource = resolve_source(data_root, self.runtime, seed=suite_seed, progress=progress)
@@ -111,7 +112,6 @@ class AppWorldEnv(CodeStepEnv):
         if task_id is not None:
             self._check_task_id(task_id)
         self.default_task_id = task_id
-        check_mode(sandbox)
         self.pool = pool or ServerPool.shared(self.runtime, self.source.data_dir, sandbox)
         self.step_timeout_s = step_timeout_s
         self.grace_s = grace_s

@@ -1,0 +1,284 @@
+"""The OS sandbox around agent code, for both environments through gym.make, in both modes.
+
+A canary secret sits in the parent's environment and a canary file in the parent's home
+folder (a temporary HOME); a port listens on the host's 127.0.0.1. Agent code tries every
+route to them it has (os.environ, posix.environ, open, pathlib, os.listdir, the parent's
+/proc/<pid>/environ), to the port, and to writing outside its work folder: every attempt
+gives an error or nothing, never the canary. ``"bwrap"`` is the real boundary, ``"guard"``
+the fallback (audit hook and allowlisted environment); the boundary layer is also tested
+alone, without the hook, so each layer is seen to hold by itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import uuid
+import warnings
+
+import gymnasium as gym
+import pytest
+
+import draco_gym  # noqa: F401 - registers the ids
+from draco_gym.envs import os_sandbox
+from draco_gym.envs.os_sandbox import SandboxUnavailable, SandboxWarning
+
+CANARY = "sk-canary-" + uuid.uuid4().hex[:12]
+CANARY_NAME = "canary-" + uuid.uuid4().hex[:8] + ".txt"
+MODES = ["bwrap", "guard"]
+needs_bwrap = pytest.mark.skipif(os_sandbox.bwrap_problem() is not None,
+                                 reason=f"bubblewrap cannot run here: {os_sandbox.bwrap_problem()}")
+
+
+def fence(code: str) -> str:
+    return f"```python\n{code}\n```"
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    """Secrets where a trainer keeps them, a listening port, and places agent code must not write."""
+    from draco_gym.envs.appworld.runtime import HOME_ENV, default_home
+
+    monkeypatch.setenv(HOME_ENV, str(default_home()))  # the real runtime, whatever HOME says
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / CANARY_NAME).write_text(CANARY)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("OPENAI_API_KEY", CANARY)
+    monkeypatch.setenv("DRACO_TEST_SECRET", CANARY)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    yield {"home": str(home), "port": listener.getsockname()[1], "listener": listener,
+           "targets": [str(outside / "pwned"), str(home / "pwned"), f"/tmp/draco-pwned-{uuid.uuid4().hex[:8]}"]}
+    listener.close()
+
+
+def probes(host: dict, os_name: str = "os") -> dict[str, str]:
+    """Agent code for every route; ``os_name`` is how the code reaches the os module (AppWorld's
+    own guard blocks ``import os`` spelled plainly in some forms)."""
+    home, port = host["home"], host["port"]
+    get_os = f"o = __import__({os_name!r})"
+    return {
+        "os.environ": f"{get_os}\nprint(dict(o.environ))",
+        "posix.environ": "p = __import__('po' + 'six')\nprint(p.environ)",
+        "open": f"print(__import__('io').open({home + '/' + CANARY_NAME!r}).read())",
+        "pathlib": f"print(__import__('pathlib').Path({home!r}, {CANARY_NAME!r}).read_text())",
+        "os.listdir": f"{get_os}\nprint(o.listdir({home!r}))",
+        "os.open": f"{get_os}\nfd = o.open({home + '/' + CANARY_NAME!r}, o.O_RDONLY)\nprint(o.read(fd, 100))",
+        "parent environ": f"{get_os}\nprint(__import__('io').open('/proc/%d/environ' % o.getppid(), 'rb').read())",
+        "host parent environ": f"print(__import__('io').open('/proc/{os.getpid()}/environ', 'rb').read())",
+        "connect": f"s = __import__('socket').create_connection(('127.0.0.1', {port}), timeout=3)\nprint('CONNECTED')",
+        **{f"write {i}": f"__import__('io').open({path!r}, 'w').write('x')\nprint('WROTE')"
+           for i, path in enumerate(host["targets"])},
+    }
+
+
+def assert_nothing_leaked(observations: dict[str, str], host: dict) -> None:
+    for route, observation in observations.items():
+        assert CANARY not in observation, f"{route} leaked the secret: {observation[-400:]}"
+        if "listdir" in route:  # elsewhere the file's name is in the agent's own code, echoed in errors
+            assert CANARY_NAME not in observation, f"{route} listed the home folder: {observation[-400:]}"
+        assert "CONNECTED" not in observation and "WROTE" not in observation, f"{route}: {observation[-400:]}"
+    with pytest.raises(BlockingIOError):
+        host["listener"].accept()  # no connection ever reached the port
+    for path in host["targets"]:
+        assert not os.path.exists(path), f"agent code wrote {path}"
+
+
+def make_python_tools(mode: str):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SandboxWarning)
+        return gym.make("draco_gym/PythonTools-v0", sandbox=mode, step_timeout_s=10.0).unwrapped
+
+
+@pytest.mark.parametrize("mode", [pytest.param("bwrap", marks=needs_bwrap), "guard"])
+def test_python_tools_agent_code_sees_no_secret_no_home_no_network(mode, host):
+    env = make_python_tools(mode)
+    try:
+        assert env.sandbox == mode
+        env.reset(seed=0)
+        observations = {route: env.step(fence(code))[0] for route, code in probes(host).items()}
+        # what the environment does show: only the allowlist
+        shown = env.step(fence("import os\nprint(sorted(os.environ))"))[0]
+    finally:
+        env.close()
+    assert_nothing_leaked(observations, host)
+    assert "OPENAI_API_KEY" not in shown and "DRACO_TEST_SECRET" not in shown and "PATH" in shown
+
+
+@pytest.fixture(scope="module")
+def appworld_source():
+    from draco_gym.envs.appworld import AppWorldRuntime, ensure_offline_suite
+
+    return ensure_offline_suite(AppWorldRuntime(), progress=None)
+
+
+def make_appworld(mode: str, source):
+    """A private pool: started now, it sees this test's HOME as the home to protect."""
+    from draco_gym.envs.appworld import AppWorldRuntime, ServerPool
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SandboxWarning)
+        pool = ServerPool(AppWorldRuntime(), source.data_dir, max_servers=1, sandbox=mode)
+    env = gym.make("draco_gym/AppWorld-v0", data_root=source.data_dir, pool=pool, step_timeout_s=10,
+                   show_progress=False).unwrapped
+    return env, pool
+
+
+@pytest.mark.parametrize("mode", [pytest.param("bwrap", marks=needs_bwrap), "guard"])
+def test_appworld_agent_code_sees_no_secret_no_home_no_network(mode, host, appworld_source):
+    env, pool = make_appworld(mode, appworld_source)
+    try:
+        assert pool.sandbox == mode
+        env.reset(options={"task_id": "photo-count_1"})
+        observations = {route: env.step(fence(code))[0] for route, code in probes(host, "o" + "s").items()}
+        # a reference solution still passes its task, in the same sandbox
+        task_id = "note-of-contacts_2"
+        env.reset(options={"task_id": task_id})
+        for block in appworld_source.ground_truth_file(task_id, "reference_solution.json"):
+            _, _, terminated, _, info = env.step(fence(block))
+            assert not terminated and info["exec_error"] is None, info
+        _, _, terminated, _, info = env.step("Done.")
+        assert terminated and info["metrics"]["success"], info["metrics"]
+    finally:
+        env.close()
+        pool.shutdown()
+    assert_nothing_leaked(observations, host)
+
+
+def solution(instruction: str) -> str:
+    """Agent code that solves a shop task with the tools alone (what a good policy writes)."""
+    pages = "def every(fetch, **kw):\n    out, page = [], 1\n    while True:\n" \
+            "        r = fetch(page=page, **kw)\n        out += r['items']\n        if page >= r['pages']:\n" \
+            "            return out\n        page += 1\n"
+    total = "def total(order):\n    return round(sum(get_product(i['product_id'])['price'] * i['quantity'] " \
+            "for i in order['items']), 2)\n"
+    if m := re.search(r"cost of order (\w+)", instruction):
+        return total + f"submit(total(get_order({m.group(1)!r})))"
+    if m := re.search(r"How many orders has (.+) placed", instruction):
+        return pages + f"c = find_customer({m.group(1)!r})\nsubmit(len(every(list_orders, customer_id=c['id'])))"
+    if m := re.search(r"name of the (cheapest|most expensive) product in the (\w+) category", instruction):
+        pick = "min" if m.group(1) == "cheapest" else "max"
+        return pages + f"p = {pick}(every(list_products, category={m.group(2)!r}), key=lambda p: p['price'])\n" \
+                       "submit(p['name'])"
+    m = re.search(r"How much has (.+) spent", instruction)
+    return pages + total + f"c = find_customer({m.group(1)!r})\n" \
+                           "submit(round(sum(total(o) for o in every(list_orders, customer_id=c['id'])), 2))"
+
+
+@pytest.mark.parametrize("mode", [pytest.param("bwrap", marks=needs_bwrap), "guard"])
+def test_python_tools_tasks_still_solve(mode):
+    env = make_python_tools(mode)
+    try:
+        for task_id in ("order-total-1", "order-count-1", "cheapest-books", "priciest-books", "customer-spend-1"):
+            env.reset(options={"task_id": task_id})
+            _, _, _, _, info = env.step(fence(solution(env.task.instruction)))
+            assert info["exec_error"] is None, info
+            _, _, terminated, _, info = env.step("Submitted.")
+            assert terminated and info["metrics"]["success"], (task_id, info["metrics"])
+    finally:
+        env.close()
+
+
+# -- the boundary alone: bubblewrap without the audit hook -----------------------------------
+
+PLAIN_PROBE = """
+import json, os, socket, sys
+home, port, targets = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+seen = {"environ": dict(os.environ)}
+def attempt(name, action):
+    try:
+        seen[name] = repr(action())
+    except Exception as exc:
+        seen[name] = "refused: " + type(exc).__name__
+attempt("listdir", lambda: os.listdir(home))
+attempt("read", lambda: open(os.path.join(home, os.listdir(home)[0])).read())
+attempt("proc 1", lambda: open("/proc/1/environ", "rb").read())
+attempt("connect", lambda: socket.create_connection(("127.0.0.1", port), timeout=3) and "CONNECTED")
+for path in targets + ["/new-top-level-file", "/usr/pwned"]:
+    attempt("write " + path, lambda: open(path, "w").write("WROTE"))
+print(json.dumps(seen))
+"""
+
+
+@needs_bwrap
+def test_bubblewrap_alone_holds_without_the_audit_hook(host, tmp_path):
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    env = os_sandbox.allowlisted_env(str(workdir))
+    argv = [sys.executable, "-I", "-c", PLAIN_PROBE, host["home"], str(host["port"]), *host["targets"]]
+    command = os_sandbox.bwrap_command(argv, workdir=str(workdir), env=env,
+                                       read_only=os_sandbox.interpreter_paths(sys.executable))
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    seen = result.stdout
+    assert_nothing_leaked({"plain python listdir": seen}, host)
+    assert not os.path.exists("/new-top-level-file")
+    # the one writable place works
+    inside = subprocess.run(os_sandbox.bwrap_command(
+        [sys.executable, "-I", "-c", "open('ok', 'w').write('fine')"], workdir=str(workdir), env=env,
+        read_only=os_sandbox.interpreter_paths(sys.executable)), env=env, capture_output=True, text=True, timeout=60)
+    assert inside.returncode == 0 and (workdir / "ok").read_text() == "fine", inside.stderr
+
+
+# -- choosing the sandbox --------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_bwrap(monkeypatch):
+    """This machine as one without bubblewrap."""
+    monkeypatch.setattr(os_sandbox.shutil, "which", lambda name: None)
+    os_sandbox.bwrap_problem.cache_clear()
+    monkeypatch.setattr(os_sandbox, "_warned", set())
+    yield
+    os_sandbox.bwrap_problem.cache_clear()
+
+
+def test_bwrap_mode_fails_at_construction_with_the_fix_named(no_bwrap, appworld_source):
+    with pytest.raises(SandboxUnavailable, match=r"not on PATH.*apt-get install bubblewrap.*sandbox='guard'"):
+        gym.make("draco_gym/PythonTools-v0", sandbox="bwrap")
+    with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
+        gym.make("draco_gym/AppWorld-v0", data_root=appworld_source.data_dir, sandbox="bwrap", show_progress=False)
+
+
+def test_auto_falls_back_to_the_guard_and_warns_once_naming_what_is_exposed(no_bwrap):
+    with pytest.warns(SandboxWarning, match=r"WITHOUT an OS sandbox.*Not isolated: reads of any other file.*apt-get"):
+        first = gym.make("draco_gym/PythonTools-v0").unwrapped
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SandboxWarning)
+        second = gym.make("draco_gym/PythonTools-v0").unwrapped  # no second warning
+    try:
+        assert first.sandbox == second.sandbox == "guard"
+        first.reset(seed=0)
+        assert first.step(fence("print(1 + 1)"))[0].strip() == "2"
+    finally:
+        first.close()
+        second.close()
+
+
+def test_unknown_sandbox_is_a_clear_error(appworld_source):
+    with pytest.raises(ValueError, match=r"sandbox must be one of \('bwrap', 'guard', 'auto'\), got 'docker'"):
+        gym.make("draco_gym/PythonTools-v0", sandbox="docker")
+    with pytest.raises(ValueError, match="sandbox must be one of"):
+        gym.make("draco_gym/AppWorld-v0", data_root=appworld_source.data_dir, sandbox="none", show_progress=False)
+
+
+def test_a_message_over_the_cap_is_an_error_observation_naming_the_cap():
+    from draco_gym.codeblock import MAX_MESSAGE_CHARS
+
+    env = make_python_tools("guard")
+    try:
+        env.reset(seed=0)
+        message = fence("print('ran')") + "\n" + "la " * 400_000
+        observation, _, terminated, _, info = env.step(message)
+        assert not terminated and "ran" not in observation and info["parse"]["error"]
+        assert f"at most {MAX_MESSAGE_CHARS:,}" in observation
+    finally:
+        env.close()
