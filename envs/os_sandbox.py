@@ -31,9 +31,11 @@ import select
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO, Literal
 
@@ -216,6 +218,31 @@ def bwrap_command(
     for name, value in env.items():
         command += ["--setenv", name, value]
     return [*command, "--", *argv]
+
+
+class _Spawner:
+    """Starts sandboxed processes from one long-lived thread of this process.
+
+    ``--die-with-parent`` follows the thread that forked bubblewrap (Linux's parent-death
+    signal is per thread): started from a short-lived thread (a thread pool's, a Ray
+    worker's), the sandbox would die when that thread ends. This thread ends with the
+    process, which is when the sandbox should die."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._pid = 0
+
+    def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
+        with self._lock:
+            if self._executor is None or self._pid != os.getpid():  # none yet, or we were forked
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draco-sandbox-spawner")
+                self._pid = os.getpid()
+            executor = self._executor
+        return executor.submit(subprocess.Popen, argv, **kwargs).result()
+
+
+spawn = _Spawner().popen
 
 
 class JsonLines:

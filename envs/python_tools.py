@@ -84,7 +84,8 @@ class Sandbox:
         env = os_sandbox.allowlisted_env(self.workdir)  # never the parent's: it holds API keys
         if self.mode == "bwrap":
             argv = os_sandbox.bwrap_command(argv, workdir=self.workdir, read_only=self.readable, env=env)
-        self._proc = subprocess.Popen(
+        popen = os_sandbox.spawn if self.mode == "bwrap" else subprocess.Popen
+        self._proc = popen(
             argv,
             env=env,
             stdin=subprocess.PIPE,

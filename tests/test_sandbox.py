@@ -283,3 +283,60 @@ def test_a_message_over_the_cap_is_an_error_observation_naming_the_cap():
         assert f"at most {MAX_MESSAGE_CHARS:,}" in observation
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("mode", [pytest.param("bwrap", marks=needs_bwrap), "guard"])
+def test_a_sandbox_started_from_a_thread_outlives_the_thread(mode):
+    """--die-with-parent follows the forking thread; envs are often built in worker threads."""
+    import threading
+    import time
+
+    env = make_python_tools(mode)
+    try:
+        worker = threading.Thread(target=lambda: env.reset(seed=0))
+        worker.start()
+        worker.join()
+        time.sleep(0.5)
+        assert env._sandbox._proc.poll() is None, "the interpreter died with the thread that started it"
+        observation, _, _, _, info = env.step(fence("print(6 * 7)"))
+        assert observation.strip() == "42" and info["exec_error"] is None
+    finally:
+        env.close()
+
+
+@needs_bwrap
+def test_the_sandbox_dies_with_its_owner(tmp_path):
+    """No orphan: the owner killed with SIGKILL takes its sandboxed interpreter with it."""
+    import signal
+    import textwrap
+    import time
+
+    pid_file = tmp_path / "pids"
+    owner = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from draco_gym.envs.python_tools import PythonToolsEnv
+        env = PythonToolsEnv(sandbox="bwrap")
+        env.reset(seed=0)
+        open({str(pid_file)!r}, "w").write(str(env._sandbox._proc.pid))
+        time.sleep(600)
+    """)])
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert owner.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        sandbox_pid = int(pid_file.read_text())
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(sandbox_pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        os.kill(sandbox_pid, signal.SIGKILL)
+        pytest.fail("the sandboxed interpreter outlived its owner")
+    finally:
+        if owner.poll() is None:
+            owner.kill()

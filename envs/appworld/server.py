@@ -132,7 +132,8 @@ class EnvServer:
             command += ["--parent-pid", str(os.getpid())]
         self._log = tempfile.TemporaryFile(prefix="draco-appworld-log-")  # gone with its last descriptor
         try:
-            self.process = subprocess.Popen(
+            popen = os_sandbox.spawn if self.sandbox == "bwrap" else subprocess.Popen
+            self.process = popen(
                 command,
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
