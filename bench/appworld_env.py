@@ -1,22 +1,25 @@
 """AppWorld-v0 against the engine alone: step latency, server start-up, memory, throughput.
 
-1. Step latency. The same code blocks (the offline suite's reference solutions) run two ways:
-   - engine: ``AppWorld.execute(code)`` inside the engine's own process (the isolated runtime),
-     no client, no HTTP: the floor;
-   - env: ``AppWorldEnv.step(message)``: find the block, send it to the environment server
-     over localhost HTTP, the same ``execute`` there, record the step.
-   - engine+sandbox: the first with the server's audit-hook sandbox installed, to show what
-     the extra safety costs apart from the transport.
+1. Step latency. The same code blocks (the offline suite's reference solutions) run four ways:
+   - engine (raw): ``AppWorld.execute(code)`` inside the engine's own process (the isolated
+     runtime), no client, no transport, no hook: the floor;
+   - engine+hook: the same with the server's audit hook installed, to show what that layer
+     costs apart from the transport;
+   - env guard: ``AppWorldEnv(sandbox="guard").step(message)``: find the block, send it to
+     the environment server over its pipes, the same ``execute`` there, record the step;
+   - env bwrap: the same with the server inside bubblewrap (``sandbox="bwrap"``).
    All run every episode from a fresh task load; their episodes alternate so machine load
    hits them alike. Each step keeps its minimum over
    ``--repeats`` episodes (as ``timeit`` advises on a shared machine); the figures are sums of
-   those minima. Goal: env/engine <= 1.10.
-2. Server start-up: process start until /health answers, the first task load, and a later
-   task load on the same (warm) server, which is what every further episode pays.
-3. Memory per server: resident set size of a server process after an episode.
-4. Throughput: episodes per second with 1 server vs 2 servers used by 2 threads.
+   those minima. Goals: env/engine <= 1.10; the OS sandbox adds <= 5% per step (env bwrap /
+   env guard <= 1.05).
+2. Server start-up, per sandbox mode: process start until the server is ready (goal: bwrap
+   adds <= 0.5 s), the first task load, and a later task load on the same (warm) server,
+   which is what every further episode pays.
+3. Memory per server: resident set size of a server's process tree after an episode.
+4. Throughput: episodes per second with 1 server vs 2 servers used by 2 threads (auto mode).
 
-    python bench/appworld_env.py [--tasks 6] [--repeats 5] [--episodes 12]
+    python bench/appworld_env.py [--tasks 6] [--repeats 7] [--starts 5] [--episodes 12] [--skip-throughput]
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from draco_gym.envs.appworld.runtime import print_progress
 from draco_gym.envs.appworld.server import ENGINE_SCRIPT
 
 GOAL = 1.10
+SANDBOX_STEP_GOAL = 1.05
+SANDBOX_START_GOAL_S = 0.5
 
 ENGINE_LOOP = textwrap.dedent("""
     import json, sys, time
@@ -101,10 +106,14 @@ def env_episode(env: AppWorldEnv, task_id: str, blocks: list[str]) -> list[float
 
 
 def rss_mb(pid: int) -> float:
+    """Resident memory of ``pid`` and its descendants (under bubblewrap the engine is a child)."""
+    total = 0.0
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+            total += int(line.split()[1]) / 1024
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        total += rss_mb(int(child))
+    return total
 
 
 def bench_latency(source, runtime, tasks: list[str], repeats: int, scratch: Path) -> dict:
@@ -114,14 +123,17 @@ def bench_latency(source, runtime, tasks: list[str], repeats: int, scratch: Path
         link.symlink_to(source.data_dir)
     engine = EngineInProcess(runtime, scratch)
     sandboxed = EngineInProcess(runtime, scratch, sandbox=True)
-    env = AppWorldEnv("train", data_root=source.data_dir, show_progress=False)
-    best = {"engine": {}, "engine+sandbox": {}, "env": {}}
+    pools = {mode: ServerPool(runtime, source.data_dir, max_servers=1, sandbox=mode) for mode in ("guard", "bwrap")}
+    envs = {mode: AppWorldEnv("train", data_root=source.data_dir, pool=pool, show_progress=False)
+            for mode, pool in pools.items()}
+    best = {"engine": {}, "engine+sandbox": {}, "env": {}, "env bwrap": {}}
     try:
         for r in range(repeats):
             for task_id in tasks:
                 blocks = source.ground_truth_file(task_id, "reference_solution.json")
                 for name, run in (("engine", engine.episode), ("engine+sandbox", sandboxed.episode),
-                                  ("env", lambda t, b: env_episode(env, t, b))):
+                                  ("env", lambda t, b: env_episode(envs["guard"], t, b)),
+                                  ("env bwrap", lambda t, b: env_episode(envs["bwrap"], t, b))):
                     times = run(task_id, blocks)
                     previous = best[name].get(task_id, [float("inf")] * len(times))
                     best[name][task_id] = [min(a, b) for a, b in zip(previous, times)]
@@ -129,7 +141,10 @@ def bench_latency(source, runtime, tasks: list[str], repeats: int, scratch: Path
     finally:
         engine.close()
         sandboxed.close()
-        env.close()
+        for env in envs.values():
+            env.close()
+        for pool in pools.values():
+            pool.shutdown()
     # The step that calls complete_task also pays the env's completion check (one supervisor
     # API call, which the bare execute does not make): reported apart as well.
     completing = {t: ["complete_task" in b for b in source.ground_truth_file(t, "reference_solution.json")] for t in tasks}
@@ -147,30 +162,35 @@ def bench_latency(source, runtime, tasks: list[str], repeats: int, scratch: Path
         "ratio_completing": total("env", bool) / total("engine", bool),
         "sandbox_ratio": total("engine+sandbox", lambda c: True) / total("engine", lambda c: True),
         "env_vs_sandboxed": total("env", lambda c: True) / total("engine+sandbox", lambda c: True),
+        "bwrap_ms_per_step": 1000 * total("env bwrap", lambda c: True) / steps,
+        "bwrap_vs_guard": total("env bwrap", lambda c: True) / total("env", lambda c: True),
+        "bwrap_vs_engine": total("env bwrap", lambda c: True) / total("engine", lambda c: True),
     }
 
 
-def bench_startup(source, runtime, starts: int = 3) -> dict:
-    start_s, load_s, warm_s, rss = [], [], [], []
+def bench_startup(source, runtime, modes: tuple[str, ...], starts: int) -> dict:
+    """Per mode; the modes alternate, start by start, so machine load hits them alike."""
+    runs = {mode: {"start_s": [], "load_s": [], "warm_s": [], "rss": []} for mode in modes}
     for _ in range(starts):
-        server = EnvServer(runtime, source.data_dir, name="bench")
-        began = time.perf_counter()
-        server.start()
-        start_s.append(time.perf_counter() - began)
-        began = time.perf_counter()
-        server.request("POST", "/reset", {"task_id": "note-of-contacts_1", "timeout_s": 30}, timeout_s=120)
-        load_s.append(time.perf_counter() - began)
-        blocks = source.ground_truth_file("note-of-contacts_1", "reference_solution.json")
-        for code in blocks:
-            server.request("POST", "/execute", {"code": code})
-        server.request("POST", "/evaluate")
-        rss.append(rss_mb(server.process.pid))
-        began = time.perf_counter()
-        server.request("POST", "/reset", {"task_id": "note-of-contacts_2", "timeout_s": 30}, timeout_s=120)
-        warm_s.append(time.perf_counter() - began)
-        server.stop()
-    return {"start_s": min(start_s), "start_s_max": max(start_s), "first_load_s": min(load_s),
-            "warm_load_s": min(warm_s), "rss_mb": max(rss)}
+        for mode in modes:
+            run = runs[mode]
+            server = EnvServer(runtime, source.data_dir, name="bench", sandbox=mode)
+            began = time.perf_counter()
+            server.start()
+            run["start_s"].append(time.perf_counter() - began)
+            began = time.perf_counter()
+            server.request("POST", "/reset", {"task_id": "note-of-contacts_1", "timeout_s": 30}, timeout_s=120)
+            run["load_s"].append(time.perf_counter() - began)
+            for code in source.ground_truth_file("note-of-contacts_1", "reference_solution.json"):
+                server.request("POST", "/execute", {"code": code})
+            server.request("POST", "/evaluate")
+            run["rss"].append(rss_mb(server.process.pid))
+            began = time.perf_counter()
+            server.request("POST", "/reset", {"task_id": "note-of-contacts_2", "timeout_s": 30}, timeout_s=120)
+            run["warm_s"].append(time.perf_counter() - began)
+            server.stop()
+    return {mode: {"start_s": min(r["start_s"]), "start_s_max": max(r["start_s"]), "first_load_s": min(r["load_s"]),
+                   "warm_load_s": min(r["warm_s"]), "rss_mb": max(r["rss"]), "starts": starts} for mode, r in runs.items()}
 
 
 def bench_throughput(source, runtime, tasks: list[str], episodes: int, n_servers: int) -> float:
@@ -207,6 +227,8 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=6, help="train tasks for the latency and throughput runs")
     parser.add_argument("--repeats", type=int, default=7, help="episodes per task and path (minimum kept)")
     parser.add_argument("--episodes", type=int, default=12, help="episodes per throughput run")
+    parser.add_argument("--starts", type=int, default=5, help="server starts per sandbox mode (minimum kept)")
+    parser.add_argument("--skip-throughput", action="store_true", help="only latency and start-up")
     args = parser.parse_args()
 
     runtime = AppWorldRuntime()
@@ -217,18 +239,28 @@ def main() -> None:
 
     latency = bench_latency(source, runtime, tasks, args.repeats, runtime.home / "bench-scratch")
     print(f"step latency over {latency['steps']} steps: engine {latency['engine_ms_per_step']:.1f} ms/step, "
-          f"env {latency['env_ms_per_step']:.1f} ms/step, env/engine {latency['ratio']:.3f} "
+          f"env (guard) {latency['env_ms_per_step']:.1f} ms/step, env/engine {latency['ratio']:.3f} "
           f"(goal <= {GOAL}: {'met' if latency['ratio'] <= GOAL else 'NOT met'}); "
           f"{latency['other_steps']} steps without complete_task {latency['ratio_other']:.3f}, "
           f"the {latency['steps'] - latency['other_steps']} completing steps {latency['ratio_completing']:.3f}")
-    print(f"  of which the audit-hook sandbox alone (engine+sandbox / engine): {latency['sandbox_ratio']:.3f}; "
-          f"env / engine+sandbox (transport, client, completion check): {latency['env_vs_sandboxed']:.3f}")
-    startup = bench_startup(source, runtime)
-    print(f"server start to /health: {startup['start_s']:.2f} s (max {startup['start_s_max']:.2f} s of 3); "
-          f"first task load: {startup['first_load_s']:.2f} s, next (warm server): {startup['warm_load_s']:.2f} s; RSS per server after an episode: {startup['rss_mb']:.0f} MB")
-    one = bench_throughput(source, runtime, tasks, args.episodes, 1)
-    two = bench_throughput(source, runtime, tasks, args.episodes, 2)
-    print(f"throughput: 1 server {one:.3f} episodes/s, 2 servers {two:.3f} episodes/s, speed-up {two / one:.2f}x")
+    print(f"  of which the audit hook alone (engine+hook / engine): {latency['sandbox_ratio']:.3f}; "
+          f"env / engine+hook (transport, client, completion check): {latency['env_vs_sandboxed']:.3f}")
+    print(f"  env bwrap {latency['bwrap_ms_per_step']:.1f} ms/step: bwrap/engine {latency['bwrap_vs_engine']:.3f}, "
+          f"bwrap/guard {latency['bwrap_vs_guard']:.3f}")
+    startups = bench_startup(source, runtime, ("guard", "bwrap"), args.starts)
+    for mode, startup in startups.items():
+        print(f"server start ({mode}) until ready: {startup['start_s']:.2f} s (max {startup['start_s_max']:.2f} s of {args.starts}); "
+              f"first task load: {startup['first_load_s']:.2f} s, next (warm server): {startup['warm_load_s']:.2f} s; "
+              f"RSS per server after an episode: {startup['rss_mb']:.0f} MB")
+    if not args.skip_throughput:
+        one = bench_throughput(source, runtime, tasks, args.episodes, 1)
+        two = bench_throughput(source, runtime, tasks, args.episodes, 2)
+        print(f"throughput: 1 server {one:.3f} episodes/s, 2 servers {two:.3f} episodes/s, speed-up {two / one:.2f}x")
+    start_cost = startups["bwrap"]["start_s"] - startups["guard"]["start_s"]
+    step_ok, start_ok = latency["bwrap_vs_guard"] <= SANDBOX_STEP_GOAL, start_cost <= SANDBOX_START_GOAL_S
+    print(f"OS sandbox (bwrap) vs guard alone: step latency ratio {latency['bwrap_vs_guard']:.3f} "
+          f"(goal <= {SANDBOX_STEP_GOAL}: {'met' if step_ok else 'NOT met'}), server start {start_cost:+.2f} s "
+          f"(goal <= {SANDBOX_START_GOAL_S} s: {'met' if start_ok else 'NOT met'}); vs raw engine {latency['bwrap_vs_engine']:.3f}")
 
 
 if __name__ == "__main__":

@@ -7,13 +7,14 @@
    - guard: ``PythonToolsEnv(sandbox="guard").step``: the worker process behind its audit
      hook, over pipes;
    - bwrap: the same worker inside bubblewrap (``sandbox="bwrap"``).
-   Episodes alternate between the ways so machine load hits them alike; each step keeps its
-   minimum over ``--repeats`` episodes; the figures are sums of those minima.
+   Episodes alternate between the ways so machine load hits them alike; each episode runs
+   the blocks ``--rounds`` times; each block keeps its minimum over all its runs (as
+   ``timeit`` advises on a shared machine); the figures are sums of those minima.
 2. Interpreter start: ``reset`` (a fresh worker process that imports the tools), per mode.
 
 Goals: the OS sandbox adds <= 5% per step (bwrap / guard <= 1.05) and <= 0.5 s per start.
 
-    python bench/python_tools_env.py [--repeats 15] [--starts 5]
+    python bench/python_tools_env.py [--repeats 15] [--rounds 20] [--starts 7]
 """
 
 from __future__ import annotations
@@ -44,42 +45,46 @@ def fence(code: str) -> str:
     return f"```python\n{code}\n```"
 
 
-def raw_episode() -> list[float]:
+def raw_episode(rounds: int) -> list[float]:
     namespace = {tool.__name__: tool for tool in shop.TOOLS}
-    times = []
-    for code in BLOCKS:
-        started = time.perf_counter()
-        with contextlib.redirect_stdout(io.StringIO()):
-            exec(compile(code, "<step>", "exec"), namespace)  # noqa: S102 - our own blocks
-        times.append(time.perf_counter() - started)
+    times = [float("inf")] * len(BLOCKS)
+    for _ in range(rounds):
+        for i, code in enumerate(BLOCKS):
+            started = time.perf_counter()
+            with contextlib.redirect_stdout(io.StringIO()):
+                exec(compile(code, "<step>", "exec"), namespace)  # noqa: S102 - our own blocks
+            times[i] = min(times[i], time.perf_counter() - started)
     return times
 
 
-def env_episode(env: PythonToolsEnv) -> list[float]:
+def env_episode(env: PythonToolsEnv, rounds: int) -> list[float]:
     env.reset(options={"task_id": "order-total-1"})
-    times = []
-    for code in BLOCKS:
-        message = fence(code)
-        started = time.perf_counter()
-        _, _, _, _, info = env.step(message)
-        times.append(time.perf_counter() - started)
-        assert info["exec_error"] is None, info
+    times = [float("inf")] * len(BLOCKS)
+    for _ in range(rounds):
+        for i, code in enumerate(BLOCKS):
+            message = fence(code)
+            started = time.perf_counter()
+            _, _, _, _, info = env.step(message)
+            times[i] = min(times[i], time.perf_counter() - started)
+            assert info["exec_error"] is None, info
     return times
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15, help="episodes per way (minimum per step kept)")
-    parser.add_argument("--starts", type=int, default=5, help="interpreter starts per mode (minimum kept)")
+    parser.add_argument("--rounds", type=int, default=20, help="runs of every block per episode")
+    parser.add_argument("--starts", type=int, default=7, help="interpreter starts per mode (minimum kept)")
     args = parser.parse_args()
 
-    envs = {mode: PythonToolsEnv(sandbox=mode, max_turns=100) for mode in ("guard", "bwrap")}
+    envs = {mode: PythonToolsEnv(sandbox=mode, max_turns=len(BLOCKS) * args.rounds + 1) for mode in ("guard", "bwrap")}
     best: dict[str, list[float]] = {}
     starts: dict[str, list[float]] = {mode: [] for mode in envs}
     try:
         for r in range(args.repeats):
-            for name, run in (("raw", raw_episode), ("guard", lambda: env_episode(envs["guard"])),
-                              ("bwrap", lambda: env_episode(envs["bwrap"]))):
+            for name, run in (("raw", lambda: raw_episode(args.rounds)),
+                              ("guard", lambda: env_episode(envs["guard"], args.rounds)),
+                              ("bwrap", lambda: env_episode(envs["bwrap"], args.rounds))):
                 times = run()
                 best[name] = [min(a, b) for a, b in zip(best.get(name, [float("inf")] * len(times)), times)]
         for _ in range(args.starts):
@@ -95,7 +100,7 @@ def main() -> None:
     step_ratio = sum(best["bwrap"]) / sum(best["guard"])
     start = {mode: min(v) for mode, v in starts.items()}
     start_cost = start["bwrap"] - start["guard"]
-    print(f"step latency over {len(BLOCKS)} steps (min of {args.repeats}): raw {ms['raw']:.2f} ms/step, "
+    print(f"step latency over {len(BLOCKS)} blocks (min of {args.repeats * args.rounds} runs each): raw {ms['raw']:.2f} ms/step, "
           f"guard {ms['guard']:.2f} ms/step, bwrap {ms['bwrap']:.2f} ms/step")
     print(f"  guard/raw {sum(best['guard']) / sum(best['raw']):.1f}x (process, pipes, hook), "
           f"bwrap/raw {sum(best['bwrap']) / sum(best['raw']):.1f}x")

@@ -96,15 +96,18 @@ _PATH_EVENTS = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "o
                 "os.symlink", "os.link", "os.utime", "shutil.rmtree", "shutil.move", "shutil.copyfile"}
 
 
-def _under(path: str, roots: list[str]) -> bool:
-    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+def _depth(path: str, roots: list[str]) -> int:
+    """Length of the deepest of ``roots`` holding ``path``; -1 when none does."""
+    return max((len(root) for root in roots if path == root or path.startswith(root.rstrip("/") + "/")), default=-1)
 
 
 class PrivateReads:
-    """Which reads the audit hook refuses: anything under the ``private`` folders (the
-    parent's home) that is not under a ``readable`` one (code and data bound for this
-    process), and another process's /proc entries (its environment, memory, command line).
-    Paths are resolved first, so a symlink in the work folder does not get around it."""
+    """Which reads the audit hook refuses: anything under a ``private`` folder (the parent's
+    home; for the engine also the task files) unless a deeper ``readable`` one holds it
+    (code and data bound for this process), and another process's /proc entries (its
+    environment, memory, command line). The deepest matching folder decides, so a private
+    folder inside a readable one stays private. Paths are resolved first, so a symlink in
+    the work folder does not get around it."""
 
     def __init__(self, private: list[str], readable: list[str]) -> None:
         self.private = [os.path.realpath(p) for p in private]
@@ -122,7 +125,8 @@ class PrivateReads:
             entry = real.split("/")[2]
             if entry.isdigit() and entry != self.own_pid:
                 return True
-        return _under(real, self.private) and not _under(real, self.readable)
+        private = _depth(real, self.private)
+        return private >= 0 and private > _depth(real, self.readable)
 
 
 _READ_EVENTS = {"open", "os.listdir", "os.scandir"}

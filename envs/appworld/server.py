@@ -118,7 +118,10 @@ class EnvServer:
             "--experiment", "draco_gym",
             "--memory-limit-mb", str(self.memory_limit_mb),
             "--scratch", str(workdir),
-            *(arg for path in os_sandbox.private_folders() for arg in ("--private", path)),
+            # agent code reads no task's files (ground truth included): the engine loads a
+            # task at /reset and grades it at /evaluate, outside agent code
+            *(arg for path in [*os_sandbox.private_folders(), str(self.data_dir / "tasks")]
+              for arg in ("--private", path)),
             *(arg for path in readable for arg in ("--readable", path)),
         ]
         env = os_sandbox.allowlisted_env(str(workdir), self.runtime.engine_env(workdir))
