@@ -140,6 +140,10 @@ def test_appworld_agent_code_sees_no_secret_no_home_no_network(mode, host, appwo
         assert pool.sandbox == mode
         env.reset(options={"task_id": "photo-count_1"})
         observations = {route: env.step(fence(code))[0] for route, code in probes(host, "o" + "s").items()}
+        # nor any task's files: the ground truth would let a policy game the engine's verdict
+        answer = appworld_source.data_dir / "tasks" / "photo-count_1" / "ground_truth" / "answer.json"
+        peek = env.step(fence(f"print(__import__('pathlib').Path({str(answer)!r}).read_text())"))[0]
+        assert "PermissionError" in peek and "not allowed" in peek, peek
         # a reference solution still passes its task, in the same sandbox
         task_id = "note-of-contacts_2"
         env.reset(options={"task_id": task_id})
