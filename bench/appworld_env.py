@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
+import tempfile
 import textwrap
 import threading
 import time
@@ -193,6 +195,26 @@ def bench_startup(source, runtime, modes: tuple[str, ...], starts: int) -> dict:
                    "warm_load_s": min(r["warm_s"]), "rss_mb": max(r["rss"]), "starts": starts} for mode, r in runs.items()}
 
 
+def bench_bare_start(runtime, runs: int = 20) -> dict:
+    """The sandbox's own start cost without the engine import's noise: the runtime's bare
+    interpreter (``-c pass``) started plainly and inside bubblewrap, alternately."""
+    from draco_gym.envs import os_sandbox
+
+    workdir = Path(tempfile.mkdtemp(prefix="draco-bench-"))
+    env = os_sandbox.allowlisted_env(str(workdir))
+    argv = [str(runtime.python), "-c", "pass"]
+    commands = {"plain": argv, "bwrap": os_sandbox.bwrap_command(
+        argv, workdir=str(workdir), env=env, read_only=os_sandbox.interpreter_paths(runtime.python))}
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    for _ in range(runs):
+        for name, command in commands.items():
+            began = time.perf_counter()
+            subprocess.run(command, env=env, check=True)
+            times[name].append(time.perf_counter() - began)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return {name: min(v) for name, v in times.items()}
+
+
 def bench_throughput(source, runtime, tasks: list[str], episodes: int, n_servers: int) -> float:
     pool = ServerPool(runtime, source.data_dir, max_servers=n_servers)
     envs = [AppWorldEnv("train", data_root=source.data_dir, pool=pool, show_progress=False) for _ in range(n_servers)]
@@ -252,6 +274,9 @@ def main() -> None:
         print(f"server start ({mode}) until ready: {startup['start_s']:.2f} s (max {startup['start_s_max']:.2f} s of {args.starts}); "
               f"first task load: {startup['first_load_s']:.2f} s, next (warm server): {startup['warm_load_s']:.2f} s; "
               f"RSS per server after an episode: {startup['rss_mb']:.0f} MB")
+    bare = bench_bare_start(runtime)
+    print(f"bare interpreter start (min of 20): plain {1000 * bare['plain']:.0f} ms, in bubblewrap "
+          f"{1000 * bare['bwrap']:.0f} ms: the sandbox's own cost {1000 * (bare['bwrap'] - bare['plain']):+.0f} ms")
     if not args.skip_throughput:
         one = bench_throughput(source, runtime, tasks, args.episodes, 1)
         two = bench_throughput(source, runtime, tasks, args.episodes, 2)
@@ -260,7 +285,8 @@ def main() -> None:
     step_ok, start_ok = latency["bwrap_vs_guard"] <= SANDBOX_STEP_GOAL, start_cost <= SANDBOX_START_GOAL_S
     print(f"OS sandbox (bwrap) vs guard alone: step latency ratio {latency['bwrap_vs_guard']:.3f} "
           f"(goal <= {SANDBOX_STEP_GOAL}: {'met' if step_ok else 'NOT met'}), server start {start_cost:+.2f} s "
-          f"(goal <= {SANDBOX_START_GOAL_S} s: {'met' if start_ok else 'NOT met'}); vs raw engine {latency['bwrap_vs_engine']:.3f}")
+          f"(goal <= {SANDBOX_START_GOAL_S} s: {'met' if start_ok else 'NOT met'}; bare {bare['bwrap'] - bare['plain']:+.3f} s); "
+          f"vs raw engine {latency['bwrap_vs_engine']:.3f}")
 
 
 if __name__ == "__main__":
