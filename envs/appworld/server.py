@@ -88,10 +88,13 @@ class EnvServer:
         return self.process is not None and self.process.poll() is None
 
     def readable(self) -> list[str]:
-        """What the engine reads: the runtime (its venv, the engine's cache), the interpreter
-        the venv links to, the task data, and this package's engine script and read rule."""
-        return sorted({str(self.runtime.home.resolve()), *os_sandbox.interpreter_paths(self.runtime.python),
-                       str(self.data_dir), str(ENGINE_SCRIPT.resolve()), str(os_sandbox.WORKER_SCRIPT.resolve())})
+        """What the engine reads: the runtime's venv and the engine's cache, the interpreter
+        the venv links to, the task data, and this package's engine script and read rule.
+        The whole data folder, not one split's: a pool serves environments of any split, and
+        a reset may name any task of the folder (agent code reads none of it: see --private)."""
+        return sorted({str(self.runtime.venv_dir.resolve()), str(self.runtime.cache_dir.resolve()),
+                       *os_sandbox.interpreter_paths(self.runtime.python), str(self.data_dir),
+                       str(ENGINE_SCRIPT.resolve()), str(os_sandbox.WORKER_SCRIPT.resolve())})
 
     # -- lifecycle --------------------------------------------------------------------------
 
