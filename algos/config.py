@@ -23,6 +23,7 @@ Importing this module loads neither torch nor Ray: ``draco-gym train --check`` s
 from __future__ import annotations
 
 import difflib
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -174,6 +175,67 @@ class EvalSection(_Section):
     success_metric: str = Field("success", description="the env metric that means 'solved'")
 
 
+class WandbSection(_Section):
+    """Weights & Biases through Tune's ``WandbLoggerCallback``."""
+
+    project: str = Field(description="the W&B project")
+    mode: Literal["online", "offline"] = Field("online", description="offline: the run folder is written under the "
+                                                                    "trial folder, for `wandb sync` later")
+    entity: str | None = Field(None, description="team or user (null: the key's default)")
+    group: str | None = Field(None, description="run group (null: the run name)")
+    api_key_env: str = Field("WANDB_API_KEY", description="the environment variable holding the API key (online "
+                                                         "mode; `wandb login` works too), never the key itself")
+    upload_checkpoints: bool = Field(False, description="also upload each checkpoint as a W&B artifact")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secrets(cls, data):
+        reject_literal_secrets(data, "logging.wandb")
+        return data
+
+
+class MlflowSection(_Section):
+    """MLflow through Tune's ``MLflowLoggerCallback``."""
+
+    tracking_uri: str | None = Field(None, description="a tracking server URL or sqlite:///PATH/mlflow.db "
+                                                       "(null: sqlite:///OUTPUT_DIR/mlflow.db)")
+    experiment_name: str | None = Field(None, description="null: the run name")
+    save_artifacts: bool = Field(True, description="upload the trial folder (plots, params, progress) at the end")
+    tracking_token_env: str = Field("MLFLOW_TRACKING_TOKEN", description="the environment variable holding a "
+                                                                       "server's token, never the token itself")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secrets(cls, data):
+        reject_literal_secrets(data, "logging.mlflow")
+        return data
+
+
+class LoggingSection(_Section):
+    """Trackers beside the TensorBoard files Tune always writes."""
+
+    wandb: WandbSection | None = Field(None, description="{project, mode: online|offline, entity, group, "
+                                                         "api_key_env, upload_checkpoints}")
+    mlflow: MlflowSection | None = Field(None, description="{tracking_uri, experiment_name, save_artifacts, "
+                                                           "tracking_token_env}")
+
+
+def check_stop(stop: dict[str, float]) -> dict[str, float]:
+    """Stop criteria are result keys as Tune spells them (``env_runners/episode_return_mean``):
+    a top-level key or one under a result group."""
+    from draco_gym.algos.reporting import RESULT_GROUPS, RESULT_TOP_KEYS
+
+    for key in stop:
+        if key in RESULT_TOP_KEYS or (key.split("/", 1)[0] in RESULT_GROUPS and "/" in key):
+            continue
+        known = [*RESULT_TOP_KEYS, *(f"{g}/..." for g in RESULT_GROUPS)]
+        hint = difflib.get_close_matches(key, [*RESULT_TOP_KEYS, "env_runners/episode_return_mean",
+                                               "env_runners/env/success", "judge/rubric_pass_rate"], n=1)
+        raise ValueError(f"{key!r} is not a result key{f'; did you mean {hint[0]!r}?' if hint else ''} "
+                         f"(known: {', '.join(known)})")
+    return stop
+
+
 class RunConfig(_Section):
     name: str = Field("run", description="run name (a file's default: its stem)")
     output_dir: str = Field("runs/run", description="metrics.jsonl, rollouts.jsonl, plots/, checkpoint/, tune/")
@@ -188,6 +250,29 @@ class RunConfig(_Section):
     resources: ResourcesSection = Field(default_factory=ResourcesSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     eval: EvalSection = Field(default_factory=EvalSection)
+    stop: dict[str, float] = Field(default_factory=dict, description="Tune stop criteria: result key -> threshold; "
+                                   "the run stops once a result reaches one (>=), e.g. "
+                                   "{env_runners/episode_return_mean: 0.8}; training_iteration is `iterations`")
+    logging: LoggingSection = Field(default_factory=LoggingSection, description="trackers: wandb, mlflow")
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_keys(cls, value):
+        return check_stop(value)
+
+    @model_validator(mode="after")
+    def _one_iteration_budget(self):
+        given = self.stop.get("training_iteration")
+        if given is not None:
+            if "iterations" in self.model_fields_set and given != self.iterations:
+                raise ValueError(f"iterations={self.iterations} and stop.training_iteration={given:g} disagree; "
+                                 "give one of them")
+            self.iterations = int(given)
+        return self
+
+    def tune_stop(self) -> dict[str, float]:
+        """The ``stop`` of ``tune.RunConfig``: the criteria plus the iteration budget."""
+        return {**self.stop, "training_iteration": self.iterations}
 
 
 def reject_literal_secrets(options: Any, where: str) -> None:
@@ -356,6 +441,7 @@ def _model_at(loc) -> type[BaseModel] | None:
         if model is None or part not in model.model_fields:
             return None
         ann = model.model_fields[part].annotation
+        ann = next((a for a in typing.get_args(ann) if a is not type(None)), ann)  # an optional section
         model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
     return model
 

@@ -32,7 +32,8 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
-from ray.rllib.utils.metrics import LEARNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME
+from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, LEARNER_RESULTS, NUM_ENV_STEPS_SAMPLED,
+                                     NUM_ENV_STEPS_SAMPLED_LIFETIME, NUM_EPISODES, NUM_EPISODES_LIFETIME)
 
 from draco_gym.algos.batch import token_batch
 from draco_gym.algos.config import KNOBS, ConfigError, RunConfig, check_knobs, knob_defaults, knob_values
@@ -46,6 +47,9 @@ from draco_gym.algos.reporting import PHASES, RolloutLog, iteration_metrics
 
 # Keywords of each builder method (RLlib's own ones pass through to it).
 _POLICY = {"model" if attr == "policy_model" else attr for attr, path in KNOBS.items() if path.startswith("policy.")}
+# A checkpoint's subfolder holding the LoRA adapter in PEFT's own format.
+ADAPTER_DIR = "adapter"
+
 _TRAINING = {attr for attr, path in KNOBS.items()
              if path.split(".")[0] in ("rollout", "reward", "credit", "optim")} | {"task_ids", "output_dir",
                                                                                    "restore_from", "sync_timeout_s"}
@@ -244,8 +248,8 @@ class GRPO(Algorithm):
                 part = {k: v[start : start + size] for k, v in arrays.items()}
                 minibatch = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(part)}, env_steps=len(part["input_ids"]))
                 results.append(self.learner_group.update(batch=minibatch, num_epochs=1, timesteps={
-                    NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(NUM_ENV_STEPS_SAMPLED_LIFETIME, default=0)}))
-        self.metrics.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, n, reduce="lifetime_sum")
+                    NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                        (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0)}))
         for result in results:
             self.metrics.aggregate(result if isinstance(result, list) else [result], key=LEARNER_RESULTS)
 
@@ -255,8 +259,44 @@ class GRPO(Algorithm):
                                            timeout_seconds=self.config.sync_timeout_s)
 
     def _log(self, metrics: dict[str, Any]) -> None:
+        """The iteration's metrics into RLlib's result tree (``env_runners/episode_return_mean``
+        lands in ``result["env_runners"]["episode_return_mean"]``), plus RLlib's lifetime
+        counters, which a checkpoint carries over."""
         for key, value in metrics.items():
-            self.metrics.log_value(key, value, window=1)
+            self.metrics.log_value(tuple(key.split("/")), value, window=1)
+        for counter, lifetime in ((NUM_ENV_STEPS_SAMPLED, NUM_ENV_STEPS_SAMPLED_LIFETIME),
+                                  (NUM_EPISODES, NUM_EPISODES_LIFETIME)):
+            self.metrics.log_value((ENV_RUNNER_RESULTS, lifetime), metrics[f"{ENV_RUNNER_RESULTS}/{counter}"],
+                                   reduce="lifetime_sum")
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False) -> str:
+        """RLlib's checkpoint (``Algorithm.from_checkpoint`` restores it, optimizer and
+        iteration included) plus the trained policy in PEFT's format under ``adapter/``:
+        ``PeftModel.from_pretrained(base_model, CHECKPOINT/adapter)`` opens it, and vLLM serves
+        it as a LoRA module (``--enable-lora --lora-modules NAME=CHECKPOINT/adapter``)."""
+        path = super().save_to_path(path, state=state, filesystem=filesystem, use_msgpack=use_msgpack)
+        if filesystem is None:
+            self.export_adapter(Path(path) / ADAPTER_DIR)
+        return path
+
+    def export_adapter(self, path: str | Path) -> str:
+        """The learner's LoRA adapter, written by the learner (one writer among several)."""
+        target = str(Path(path).resolve())
+
+        def save(learner, target=target):
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+                return None
+            module = learner.module[DEFAULT_MODULE_ID]
+            return getattr(module, "unwrapped", lambda: module)().save_adapter(target)
+
+        for result in self.learner_group.foreach_learner(save):
+            if hasattr(result, "get"):  # a remote learner's: raises its error, if any
+                result.get()
+        return target
 
     # -- beyond training -----------------------------------------------------------------------
 
@@ -298,4 +338,4 @@ def register_with_tune() -> None:
     register_trainable("GRPO", GRPO)
 
 
-__all__ = ["GRPO", "ConfigError", "GRPOConfig", "register_with_tune"]
+__all__ = ["ADAPTER_DIR", "GRPO", "ConfigError", "GRPOConfig", "register_with_tune"]

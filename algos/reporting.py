@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,22 +18,35 @@ from typing import Any
 
 import numpy as np
 
-# The phases of one iteration, in order; each reports seconds as ``time/<phase>``.
+# The phases of one iteration, in order; each reports seconds as ``timers/phases/<phase>``.
 PHASES = ("generation", "env", "judge", "credit", "learner", "sync")
+
+# The groups of a result, RLlib's new API stack shape. ``env_runners`` and ``learners`` and
+# ``timers`` are RLlib's own; ``judge`` and ``credit`` are the reward's and the credit rule's.
+RESULT_GROUPS = ("env_runners", "learners", "judge", "credit", "timers")
+# Top-level keys of every result (Tune's and RLlib's), usable as stop criteria too.
+RESULT_TOP_KEYS = ("training_iteration", "time_this_iter_s", "time_total_s", "num_training_step_calls_per_iteration")
 
 
 def iteration_metrics(groups: Sequence[dict], batch, timers: dict[str, float], total_s: float,
                       generated_tokens: int) -> dict[str, float]:
-    """One iteration in numbers: reward, rubric, credit, episodes, judge usage, time per phase.
+    """One iteration in numbers, keyed by their path in the result (``group/.../name``).
+
+    ``env_runners/`` holds the episode statistics RLlib defines (``episode_return_*``: the
+    rubric reward of each episode, ``episode_len_*``: its turns, ``num_episodes``,
+    ``num_env_steps_sampled``: turns in all) and ours beside them (``termination/<mode>``
+    shares, ``env/<metric>`` means of the environment's own evaluation, generated tokens);
+    ``judge/`` the rubric and the judge's usage; ``credit/`` the credit rule's outcome;
+    ``timers/phases/`` seconds per phase.
 
     ``groups`` are the scored groups (``trajectories``, ``score``), ``batch`` their
     ``CreditedBatch``; runners work in parallel, so ``timers`` hold the slowest one's.
     """
-    rewards, turns, terminations, env_metrics, usage = [], [], Counter(), {}, Counter()
+    returns, turns, terminations, env_metrics, usage = [], [], Counter(), {}, Counter()
     passes = fails = before = after = fallbacks = 0
     for group in groups:
         score = group["score"]
-        rewards.extend(score.rewards)
+        returns.extend(score.rewards)
         for traj, ts in zip(group["trajectories"], score.scores):
             terminations[traj.termination] += 1
             turns.append(len(traj.steps))
@@ -46,27 +61,36 @@ def iteration_metrics(groups: Sequence[dict], batch, timers: dict[str, float], t
         usage.update({"calls": total.calls, "prompt_tokens": total.prompt_tokens,
                       "completion_tokens": total.completion_tokens, "cost": total.cost})
     n_groups, n = max(len(groups), 1), max(len(turns), 1)
-    accounted = sum(timers.values())
+    step_credit = [abs(a) for per_step in batch.step_advantages for a in per_step]
     return {
-        "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
-        "reward_std": float(np.std(rewards)) if rewards else 0.0,
-        "rubric_pass_rate": passes / (passes + fails) if passes + fails else 0.0,
-        "criteria_before_dropout": before / n_groups,
-        "criteria_after_dropout": after / n_groups,
-        "inert_credit_share": batch.inert_credit_share,
-        "episode_turns_mean": float(np.mean(turns)) if turns else 0.0,
-        "judge_calls": usage["calls"], "judge_prompt_tokens": usage["prompt_tokens"],
-        "judge_completion_tokens": usage["completion_tokens"], "judge_cost": float(usage["cost"]),
-        "reward_fallbacks": fallbacks,
-        **{f"termination/{k}": v / n for k, v in terminations.items()},
-        **{f"env/{k}": float(np.mean(v)) for k, v in env_metrics.items()},
-        **{f"time/{phase}": seconds for phase, seconds in timers.items()},
-        "time/other": max(total_s - accounted, 0.0),
-        "time/iteration": total_s,
-        "tokens_per_s": generated_tokens / timers["generation"] if timers.get("generation") else 0.0,
-        "generated_tokens": generated_tokens,
-        "num_trajectories": len(turns),
+        **_spread("env_runners/episode_return", returns),
+        "env_runners/episode_return_std": float(np.std(returns)) if returns else 0.0,
+        **_spread("env_runners/episode_len", turns),
+        "env_runners/num_episodes": len(turns),
+        "env_runners/num_env_steps_sampled": int(sum(turns)),
+        "env_runners/num_generated_tokens": generated_tokens,
+        "env_runners/generated_tokens_per_s": generated_tokens / timers["generation"] if timers.get("generation") else 0.0,
+        **{f"env_runners/termination/{k}": v / n for k, v in terminations.items()},
+        **{f"env_runners/env/{k}": float(np.mean(v)) for k, v in env_metrics.items()},
+        "judge/rubric_pass_rate": passes / (passes + fails) if passes + fails else 0.0,
+        "judge/criteria_before_dropout": before / n_groups,
+        "judge/criteria_after_dropout": after / n_groups,
+        "judge/fallbacks": fallbacks,
+        "judge/calls": usage["calls"], "judge/prompt_tokens": usage["prompt_tokens"],
+        "judge/completion_tokens": usage["completion_tokens"], "judge/cost": float(usage["cost"]),
+        "credit/inert_share": batch.inert_credit_share,
+        "credit/step_advantage_abs_mean": float(np.mean(step_credit)) if step_credit else 0.0,
+        **{f"timers/phases/{phase}": seconds for phase, seconds in timers.items()},
+        "timers/phases/other": max(total_s - sum(timers.values()), 0.0),
     }
+
+
+def _spread(name: str, values: Sequence[float]) -> dict[str, float]:
+    """RLlib's ``<name>_mean``, ``_min`` and ``_max``."""
+    if not values:
+        return {f"{name}_mean": 0.0, f"{name}_min": 0.0, f"{name}_max": 0.0}
+    return {f"{name}_mean": float(np.mean(values)), f"{name}_min": float(np.min(values)),
+            f"{name}_max": float(np.max(values))}
 
 
 class RolloutLog:
@@ -97,30 +121,30 @@ class RolloutLog:
                         line["step_advantages"] = next(credit)
                     fh.write(json.dumps(line) + "\n")
 
-# Keys of an RLlib result worth keeping, besides everything under the prefixes below.
-_TOP = ("training_iteration", "time_this_iter_s", "time_total_s", "reward_mean", "reward_std", "rubric_pass_rate",
-        "criteria_before_dropout", "criteria_after_dropout", "inert_credit_share", "episode_turns_mean",
-        "judge_calls", "judge_prompt_tokens", "judge_completion_tokens", "judge_cost", "reward_fallbacks",
-        "tokens_per_s", "generated_tokens", "num_trajectories")
-_PREFIXES = ("termination/", "env/", "time/")
-_LEARNER = ("policy_loss", "kl", "ratio", "clip_fraction", "total_loss", "policy_tokens",
-            "gradients_default_optimizer_global_norm")
-
-
 def compact(result: dict[str, Any]) -> dict[str, Any]:
-    """The run's own metrics out of an RLlib result dict, flat and JSON-safe."""
-    out: dict[str, Any] = {}
-    for key, value in result.items():
-        if key in _TOP or key.startswith(_PREFIXES):
-            out[key] = _plain(value)
-    learner = (result.get("learners") or {}).get("default_policy") or {}
-    for key in _LEARNER:
-        if key in learner:
-            out[f"learner/{key}"] = _plain(learner[key])
+    """The run's metrics out of an RLlib result, flat (``env_runners/episode_return_mean``,
+    Tune's own spelling of a nested key) and JSON-safe: every group of ``RESULT_GROUPS``
+    but the learners' throughput figures, plus the top-level counters."""
+    out: dict[str, Any] = {key: _plain(result[key]) for key in RESULT_TOP_KEYS if key in result}
+    for group in RESULT_GROUPS:
+        if isinstance(result.get(group), dict):
+            for key, value in _flat(result[group], group):
+                if "throughput" not in key:
+                    out[key] = _plain(value)
     return out
 
 
+def _flat(tree: dict, prefix: str):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _flat(value, f"{prefix}/{key}")
+        else:
+            yield f"{prefix}/{key}", value
+
+
 def _plain(value):
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
     try:
         value = float(value)
     except (TypeError, ValueError):
@@ -129,18 +153,24 @@ def _plain(value):
 
 
 def progress_line(m: dict[str, Any], total_iterations: int | None = None) -> str:
+    """One line per iteration, from a ``compact`` row."""
     it = int(m.get("training_iteration", 0))
     head = f"[iter {it}/{total_iterations}]" if total_iterations else f"[iter {it}]"
-    terms = " ".join(f"{k.split('/', 1)[1]}={v:.2f}" for k, v in sorted(m.items())
-                     if k.startswith("termination/") and v)
-    times = " ".join(f"{p}={m.get('time/' + p, 0.0):.1f}s" for p in (*PHASES, "other"))
-    success = f" success={m['env/success']:.2f}" if m.get("env/success") is not None else ""
-    return (f"{head} reward={m.get('reward_mean', 0):+.3f}±{m.get('reward_std', 0):.3f} "
-            f"pass={m.get('rubric_pass_rate', 0):.2f} criteria={m.get('criteria_before_dropout', 0):.1f}"
-            f"->{m.get('criteria_after_dropout', 0):.1f} inert={m.get('inert_credit_share', 0):.2f} "
-            f"turns={m.get('episode_turns_mean', 0):.1f}{success} [{terms}] "
-            f"kl={m.get('learner/kl') or 0:.4f} tok/s={m.get('tokens_per_s', 0):.1f} | "
-            f"{times} iter={m.get('time/iteration', 0):.1f}s")
+    terms = " ".join(f"{k.rsplit('/', 1)[1]}={v:.2f}" for k, v in sorted(m.items())
+                     if k.startswith("env_runners/termination/") and v)
+    times = " ".join(f"{p}={m.get('timers/phases/' + p) or 0.0:.1f}s" for p in (*PHASES, "other"))
+    success = m.get("env_runners/env/success")
+    er = "env_runners/episode_return_"
+    return (f"{head} return={m.get(er + 'mean') or 0:+.3f}±{m.get(er + 'std') or 0:.3f} "
+            f"[{m.get(er + 'min') or 0:+.2f},{m.get(er + 'max') or 0:+.2f}] "
+            f"pass={m.get('judge/rubric_pass_rate') or 0:.2f} "
+            f"criteria={m.get('judge/criteria_before_dropout') or 0:.1f}"
+            f"->{m.get('judge/criteria_after_dropout') or 0:.1f} inert={m.get('credit/inert_share') or 0:.2f} "
+            f"turns={m.get('env_runners/episode_len_mean') or 0:.1f}"
+            f"{f' success={success:.2f}' if success is not None else ''} [{terms}] "
+            f"kl={m.get('learners/default_policy/kl') or 0:.4f} "
+            f"tok/s={m.get('env_runners/generated_tokens_per_s') or 0:.1f} | "
+            f"{times} iter={m.get('timers/training_iteration') or m.get('time_this_iter_s') or 0:.1f}s")
 
 
 class MetricsLog:
@@ -156,14 +186,21 @@ class MetricsLog:
         self.rows: list[dict] = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()] \
             if self.path.exists() else []
 
-    def add(self, result: dict[str, Any]) -> dict[str, Any]:
+    def add(self, result: dict[str, Any], *, copy_plots_to: str | Path | None = None) -> dict[str, Any]:
+        """Log one result; ``copy_plots_to`` (Tune's trial folder) gets the plots too, where
+        a tracker that uploads the trial folder (MLflow's artifacts) finds them."""
         row = compact(result)
         self.rows.append(row)
         with open(self.path, "a") as fh:
             fh.write(json.dumps(row) + "\n")
         if self.echo:
             self.echo(progress_line(row, self.total))
-        plot_run(self.rows, self.dir / "plots")
+        written = plot_run(self.rows, self.dir / "plots")
+        if copy_plots_to is not None:
+            target = Path(copy_plots_to) / "plots"
+            target.mkdir(parents=True, exist_ok=True)
+            for path in written:
+                shutil.copy2(path, target / path.name)
         return row
 
 
@@ -181,10 +218,12 @@ def plot_run(rows: list[dict], out_dir: str | Path) -> list[Path]:
     written = []
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(its, [r.get("rubric_pass_rate") or 0 for r in rows], marker="o", label="rubric pass rate")
-    ax.plot(its, [r.get("reward_mean") or 0 for r in rows], marker=".", linestyle="--", label="reward mean")
-    if any(r.get("env/success") is not None for r in rows):
-        ax.plot(its, [r.get("env/success") or 0 for r in rows], marker="x", linestyle=":", label="env success")
+    ax.plot(its, [r.get("judge/rubric_pass_rate") or 0 for r in rows], marker="o", label="rubric pass rate")
+    ax.plot(its, [r.get("env_runners/episode_return_mean") or 0 for r in rows], marker=".", linestyle="--",
+            label="episode return mean")
+    if any(r.get("env_runners/env/success") is not None for r in rows):
+        ax.plot(its, [r.get("env_runners/env/success") or 0 for r in rows], marker="x", linestyle=":",
+                label="env success")
     ax.set_xlabel("iteration")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title("Rubric pass rate")
@@ -195,10 +234,11 @@ def plot_run(rows: list[dict], out_dir: str | Path) -> list[Path]:
     fig.savefig(written[-1], dpi=100)
     plt.close(fig)
 
-    modes = sorted({k.split("/", 1)[1] for r in rows for k in r if k.startswith("termination/")})
+    modes = sorted({k.rsplit("/", 1)[1] for r in rows for k in r if k.startswith("env_runners/termination/")})
     fig, ax = plt.subplots(figsize=(6, 3.5))
     if modes:
-        ax.stackplot(its, *[[r.get(f"termination/{m}") or 0 for r in rows] for m in modes], labels=modes)
+        ax.stackplot(its, *[[r.get(f"env_runners/termination/{m}") or 0 for r in rows] for m in modes],
+                     labels=modes)
         ax.legend(loc="upper left", fontsize=8)
     ax.set_ylim(0, 1)
     ax.set_xlabel("iteration")
@@ -210,3 +250,83 @@ def plot_run(rows: list[dict], out_dir: str | Path) -> list[Path]:
     fig.savefig(written[-1], dpi=100)
     plt.close(fig)
     return written
+
+
+# -- trackers: Ray Tune's own logger callbacks ---------------------------------------------
+
+
+def tracker_callbacks(logging, *, run_name: str, output_dir: str | Path, plots_dir: str | Path | None = None) -> list:
+    """Tune's ``WandbLoggerCallback`` and ``MLflowLoggerCallback`` for a run's ``logging:``
+    section (a ``LoggingSection`` or its dict), for ``tune.RunConfig(callbacks=...)``.
+
+    Both log every scalar of each result and the algorithm's config; W&B also gets the PNGs
+    of ``plots_dir`` as images each iteration, MLflow the trial folder (plots included when
+    the caller copies them there) as artifacts at the end. An API key is read from the
+    environment variable the section names and handed on through the environment only:
+    Tune pickles its callbacks into the experiment folder, so a key given to a callback
+    would be written to disk.
+    """
+    from draco_gym.algos.config import LoggingSection
+
+    section = logging if isinstance(logging, LoggingSection) else LoggingSection.model_validate(logging or {})
+    callbacks = []
+    if section.wandb is not None:
+        callbacks.append(_wandb_callback(section.wandb, run_name, plots_dir))
+    if section.mlflow is not None:
+        callbacks.append(_mlflow_callback(section.mlflow, run_name, Path(output_dir)))
+    return callbacks
+
+
+def _export_key(variable: str | None, standard: str, where: str, required: bool) -> None:
+    """Make the key held in ``variable`` visible under the name the tracker reads."""
+    if not variable or variable == standard:
+        return
+    value = os.environ.get(variable)
+    if value:
+        os.environ[standard] = value
+    elif required:
+        raise ValueError(f"{where}: the environment variable {variable} is not set; export the key there")
+
+
+def _wandb_callback(section, run_name: str, plots_dir):
+    from ray.air.integrations.wandb import WandbLoggerCallback
+
+    _export_key(section.api_key_env, "WANDB_API_KEY", "logging.wandb.api_key_env", section.mode == "online")
+
+    class WandbWithPlots(WandbLoggerCallback):
+        """Tune's W&B callback; each result also carries the run's plots, as images."""
+
+        def log_trial_result(self, iteration, trial, result):
+            plots = sorted(Path(plots_dir).glob("*.png")) if plots_dir else []
+            if plots:  # an (H, W, C) array is what Tune's W&B callback logs as an image
+                result = {**result, "plots": {p.stem: _png_pixels(p) for p in plots}}
+            super().log_trial_result(iteration, trial, result)
+
+    extra = {k: v for k, v in (("entity", section.entity), ("job_type", "train")) if v}
+    return WandbWithPlots(project=section.project, group=section.group or run_name, mode=section.mode,
+                          upload_checkpoints=section.upload_checkpoints, **extra)
+
+
+def _png_pixels(path: Path) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def _mlflow_callback(section, run_name: str, output_dir: Path):
+    from ray.air.integrations.mlflow import MLflowLoggerCallback
+
+    _export_key(section.tracking_token_env, "MLFLOW_TRACKING_TOKEN", "logging.mlflow.tracking_token_env", True)
+    uri = section.tracking_uri or f"sqlite:///{(output_dir / 'mlflow.db').resolve()}"
+    experiment = section.experiment_name or run_name
+    if uri.startswith(("sqlite:", "file:")) or "://" not in uri:
+        # A local store keeps its artifacts beside the run, not in ./mlruns of whatever
+        # directory the command was started from (MLflow's default for a new experiment).
+        import mlflow
+
+        client = mlflow.MlflowClient(uri)
+        if client.get_experiment_by_name(experiment) is None:
+            client.create_experiment(experiment, artifact_location=(output_dir / "mlflow-artifacts").resolve().as_uri())
+    return MLflowLoggerCallback(tracking_uri=uri, experiment_name=experiment, save_artifact=section.save_artifacts,
+                                tags={"draco_gym.run": run_name})

@@ -5,10 +5,11 @@ fails in a second, naming the key), then the model is prepared and the environme
 once in this process (a converted model, an AppWorld runtime set up with visible progress,
 environment keyword errors surfacing here), and only then does Ray start.
 
-Tune runs the algorithm (``tune.Tuner("GRPO", param_space=config)``): it writes the
-TensorBoard event files and checkpoints; this command adds one progress line per
-iteration, ``metrics.jsonl``, the plots, and a copy of the final checkpoint at
-``OUTPUT_DIR/checkpoint`` for ``draco-gym eval``.
+Tune runs the algorithm (``tune.Tuner("GRPO", param_space=config)``) until a stop criterion
+holds (``iterations``, or any of ``stop:``): it writes the TensorBoard event files and
+checkpoints, and feeds the trackers of ``logging:`` (its own W&B and MLflow callbacks); this
+command adds one progress line per iteration, ``metrics.jsonl``, the plots, and a copy of
+the final checkpoint at ``OUTPUT_DIR/checkpoint`` for ``draco-gym eval``.
 """
 
 from __future__ import annotations
@@ -97,8 +98,8 @@ def train(config, resume: str | None = None) -> int:
     import ray
     from ray import tune
 
-    from draco_gym.algos.grpo import GRPOConfig
-    from draco_gym.algos.reporting import MetricsLog
+    from draco_gym.algos.grpo import ADAPTER_DIR, GRPOConfig
+    from draco_gym.algos.reporting import MetricsLog, tracker_callbacks
 
     out = Path(config.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -118,9 +119,16 @@ def train(config, resume: str | None = None) -> int:
     t0 = time.time()
     start_ray(config)
     try:
+        # The progress callback first: it draws the plots the trackers then pick up.
+        trackers = tracker_callbacks(config.logging, run_name=config.name, output_dir=out, plots_dir=out / "plots")
+    except (ValueError, ImportError) as exc:
+        ray.shutdown()
+        print(f"error: logging: {exc}", file=sys.stderr)
+        return 2
+    try:
         tuner = tune.Tuner("GRPO", param_space=algo_config, run_config=tune.RunConfig(
-            name="tune", storage_path=str(out), stop={"training_iteration": config.iterations}, verbose=0,
-            callbacks=[_Progress(log)],
+            name="tune", storage_path=str(out), stop=config.tune_stop(), verbose=0,
+            callbacks=[_Progress(log), *trackers],
             checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=config.checkpoint.every,
                                                     num_to_keep=config.checkpoint.keep, checkpoint_at_end=True)))
         results = tuner.fit()
@@ -135,7 +143,8 @@ def train(config, resume: str | None = None) -> int:
     if result.checkpoint is not None:
         shutil.rmtree(final, ignore_errors=True)
         shutil.copytree(result.checkpoint.path, final)
-    print(f"done in {time.time() - t0:.0f}s: checkpoint {final}, metrics {log.path}, plots {out / 'plots'}, "
+    print(f"done in {time.time() - t0:.0f}s after {result.metrics.get('training_iteration')} iterations: "
+          f"checkpoint {final} (LoRA adapter: {final / ADAPTER_DIR}), metrics {log.path}, plots {out / 'plots'}, "
           f"rollouts {out / 'rollouts.jsonl'}, TensorBoard: tensorboard --logdir {out / 'tune'}", flush=True)
     return 0
 
@@ -151,7 +160,7 @@ class _Progress(_progress_callback_base()):
         self.log = log
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
-        self.log.add(result)
+        self.log.add(result, copy_plots_to=getattr(trial, "local_path", None))
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         print(f"trial {trial} failed; see {getattr(trial, 'path', '')}", file=sys.stderr, flush=True)

@@ -72,8 +72,10 @@ def bench_iteration(args, path: str) -> None:
         rows = []
         for _ in range(args.iterations):
             r = algo.train()
-            rows.append({p: float(r[f"time/{p}"]) for p in PHASES} | {"total": float(r["time/iteration"]),
-                                                                       "tokens_per_s": float(r["tokens_per_s"])})
+            phases = r["timers"]["phases"]
+            rows.append({p: float(phases[p]) for p in (*PHASES, "other")} | {
+                "total": float(r["timers"]["training_step"]),
+                "tokens_per_s": float(r["env_runners"]["generated_tokens_per_s"])})
     finally:
         algo.stop()
         ray.shutdown()

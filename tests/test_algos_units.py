@@ -249,8 +249,8 @@ def test_advantages_land_on_exactly_their_steps_tokens(tiny, env):
         assert np.array_equal(batch["policy_mask"][i, 1:n], np.asarray(traj.token_step[1:]) != GAP)
         assert not batch["policy_mask"][i, n:].any() and not batch["advantages"][i, n:].any()
         assert np.allclose(batch["advantages"][i, :n], token_adv[i])
-    assert stats["criteria_after_dropout"] == 2 and stats["rubric_pass_rate"] == pytest.approx(1 / 4)
-    assert stats["termination/no_code"] == 1.0
+    assert stats["judge/criteria_after_dropout"] == 2 and stats["judge/rubric_pass_rate"] == pytest.approx(1 / 4)
+    assert stats["env_runners/termination/no_code"] == 1.0
 
 
 def test_micro_batches_give_the_full_batch_gradient(tiny, env):

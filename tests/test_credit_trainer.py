@@ -31,7 +31,7 @@ def test_one_iteration(ray_session, tiny_model, credit):
     algo = config(tiny_model, credit).build_algo()
     try:
         result = algo.train()
-        assert result["num_trajectories"] == 2
+        assert result["env_runners"]["num_episodes"] == 2
     finally:
         algo.stop()
 
