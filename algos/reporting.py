@@ -1,8 +1,11 @@
 """What a training run shows while it runs and leaves behind: the iteration's metrics
-(``iteration_metrics``), one progress line per iteration, ``metrics.jsonl`` (one flat JSON
-object per iteration), ``rollouts.jsonl`` (``RolloutLog``, train and eval alike), and PNG
-plots of the rubric pass rate and of the termination modes over iterations (DRACO's
-Figures 3 and 4). TensorBoard event files come from Tune's own logger, in the trial directory.
+(``iteration_metrics``, in RLlib's new-API-stack result groups: ``env_runners/``,
+``learners/``, ``judge/``, ``credit/``, ``timers/``), one progress line per iteration,
+``metrics.jsonl`` (one flat JSON object per iteration, keys spelled as Tune spells them),
+``rollouts.jsonl`` (``RolloutLog``, train and eval alike), PNG plots of the rubric pass rate
+and of the termination modes over iterations (DRACO's Figures 3 and 4), and the trackers
+(``tracker_callbacks``: Tune's own W&B and MLflow callbacks). TensorBoard event files come
+from Tune's own logger, in the trial directory.
 """
 
 from __future__ import annotations
