@@ -73,6 +73,62 @@ def test_result_has_rllibs_shape_and_the_adapter_opens_with_peft(ray_session, ti
         assert np.allclose(match.numpy(), np.asarray(value))
 
 
+def _run(**extra):
+    from draco_gym.algos.config import parse_config
+
+    return parse_config({"env": {"id": "draco_gym/PythonTools-v0"}, "policy": {"model": "m"}, **extra})
+
+
+def test_stop_and_logging_sections_are_checked_where_written():
+    from draco_gym.algos.config import ConfigError
+
+    run = _run(stop={"env_runners/episode_return_mean": 0.5, "training_iteration": 7})
+    assert run.iterations == 7
+    assert run.tune_stop() == {"env_runners/episode_return_mean": 0.5, "training_iteration": 7}
+    assert _run(iterations=4).tune_stop() == {"training_iteration": 4}
+    with pytest.raises(ConfigError, match="did you mean 'env_runners/episode_return_mean'"):
+        _run(stop={"episode_return_mean": 0.5})
+    with pytest.raises(ConfigError, match="iterations=3 and stop.training_iteration=5 disagree"):
+        _run(iterations=3, stop={"training_iteration": 5})
+    with pytest.raises(ConfigError, match="logging.wandb.api_key: secrets do not belong.*api_key_env"):
+        _run(logging={"wandb": {"project": "p", "api_key": "k-123"}})
+    with pytest.raises(ConfigError, match="did you mean 'logging.wandb.project'"):
+        _run(logging={"wandb": {"projet": "p"}})
+
+
+def test_an_online_wandb_key_variable_that_is_not_set_is_named(monkeypatch, tmp_path):
+    pytest.importorskip("wandb")
+    from ray.air.integrations.wandb import WandbLoggerCallback
+
+    from draco_gym.algos.reporting import tracker_callbacks
+
+    monkeypatch.delenv("DRACO_TEST_UNSET_KEY", raising=False)
+    with pytest.raises(ValueError, match="DRACO_TEST_UNSET_KEY is not set"):
+        tracker_callbacks({"wandb": {"project": "p", "api_key_env": "DRACO_TEST_UNSET_KEY"}}, run_name="r",
+                          output_dir=tmp_path)
+    (callback,) = tracker_callbacks({"wandb": {"project": "p", "mode": "offline"}}, run_name="r", output_dir=tmp_path)
+    assert isinstance(callback, WandbLoggerCallback) and callback.kwargs["mode"] == "offline"
+
+
+def test_metrics_rows_flatten_the_result_groups():
+    from draco_gym.algos.reporting import compact, progress_line
+
+    result = {"training_iteration": 2, "config": {"lr": 1.0}, "perf": {"cpu_util_percent": 50.0},
+              "env_runners": {"episode_return_mean": 0.25, "termination": {"no_code": 0.5, "submitted": 0.5},
+                              "env": {"success": 0.5}},
+              "learners": {"default_policy": {"kl": 0.01, "x_throughput": {"since": 3.0}}},
+              "judge": {"rubric_pass_rate": 0.75}, "timers": {"phases": {"learner": 1.5}}}
+    row = compact(result)
+    assert row == {"training_iteration": 2, "env_runners/episode_return_mean": 0.25,
+                   "env_runners/termination/no_code": 0.5, "env_runners/termination/submitted": 0.5,
+                   "env_runners/env/success": 0.5, "learners/default_policy/kl": 0.01,
+                   "judge/rubric_pass_rate": 0.75, "timers/phases/learner": 1.5}
+    line = progress_line(row, 3)
+    for shown in ("[iter 2/3]", "return=+0.250", "pass=0.75", "success=0.50", "no_code=0.50", "kl=0.0100",
+                  "learner=1.5s"):
+        assert shown in line
+
+
 @pytest.mark.slow
 def test_train_stops_on_return_and_feeds_wandb_and_mlflow(tiny_model, tmp_path, monkeypatch, capsys):
     """``draco-gym train`` with a ``stop:`` on the episode return and both trackers, offline."""
