@@ -100,7 +100,8 @@ class RolloutLog:
     """``rollouts.jsonl``: every rollout, one JSON line each, with its verdicts and (in
     training) its step credit: enough to replay and re-score later with another judge or
     credit rule. Lines: ``task_id``, ``index`` (in its group), ``trajectory``, ``score``
-    (null when unscored), ``criteria``, ``dropped``, ``fallbacks`` (of the group), and in
+    (null when unscored), ``criteria`` (whole ``Criterion`` objects: title, origin, ...),
+    ``dropped``, ``fallbacks`` (of the group), and in
     training ``iteration`` and ``step_advantages``."""
 
     def __init__(self, path: str | Path) -> None:
@@ -118,7 +119,7 @@ class RolloutLog:
                     line.update(task_id=group["task_id"], index=i, trajectory=traj.model_dump(mode="json"),
                                 score=score.scores[i].model_dump(mode="json") if score else None)
                     if score:
-                        line.update(criteria=[c.title for c in score.criteria], dropped=score.dropped,
+                        line.update(criteria=[c.model_dump(mode="json") for c in score.criteria], dropped=score.dropped,
                                     fallbacks=score.fallbacks)
                     if credit is not None:
                         line["step_advantages"] = next(credit)

@@ -50,7 +50,7 @@ _ENV_TRUNCATION = re.compile(r"\[\.\.\. \d+ characters truncated \.\.\.\]")
 # key also matches under any prefix ("env_runners/reward_mean" for "reward_mean").
 METRIC_NAMES: dict[str, tuple[str, ...]] = {
     "reward": ("reward_mean", "rubric_reward_mean", "episode_return_mean"),
-    "reward_std": ("reward_std",),
+    "reward_std": ("reward_std", "episode_return_std"),
     "pass_rate": ("rubric_pass_rate", "pass_rate"),
     "env_success": ("env/success", "env_success", "success_rate", "env/success_rate"),
     "criteria_before": ("criteria_before_dropout", "criteria/before_dropout"),

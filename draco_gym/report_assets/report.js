@@ -249,9 +249,9 @@
     var fb = INDEX.derived.fallbacks || {};
     if (Object.keys(fb).length) add(stackedOf('Judge fallbacks per stage (count)', fb, INDEX.derived.x, 'derived from rollouts.jsonl (GroupScore.fallbacks)', { ymin: 0 }));
     else add(chartOf('Judge fallbacks (count)', [{ name: 'fallbacks', data: pick('fallbacks') }], { ymin: 0 }));
-    var times = prefixed(/(?:^|\/)time\/(.+)$/), timeData = {};
+    var times = prefixed(/(?:^|\/)(?:time|phases)\/(.+)$/), timeData = {};  // timers/phases/<phase>, or time/<phase>
     Object.keys(times).forEach(function (p) { if (p !== 'iteration') timeData[p] = times[p].y; });
-    add(stackedOf('Time per phase (s)', timeData, INDEX.metrics.x, 'metrics.jsonl: time/*', { ymin: 0 }));
+    add(stackedOf('Time per phase (s)', timeData, INDEX.metrics.x, 'metrics.jsonl: timers/phases/*', { ymin: 0 }));
 
     main.appendChild(el('section', null, el('h2', null, 'The run at a glance'), summaryCards(), charts,
       missing.length ? el('p', { class: 'source', id: 'missing' }, 'Not in this run (no such key in metrics.jsonl, nothing to derive from rollouts.jsonl): ' + missing.join('; ') + '.') : null));
