@@ -121,9 +121,9 @@ def train(config, resume: str | None = None) -> int:
     try:
         # The progress callback first: it draws the plots the trackers then pick up.
         trackers = tracker_callbacks(config.logging, run_name=config.name, output_dir=out, plots_dir=out / "plots")
-    except (ValueError, ImportError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a tracker refusing its settings (MLflow's own errors too)
         ray.shutdown()
-        print(f"error: logging: {exc}", file=sys.stderr)
+        print(f"error: logging: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     try:
         tuner = tune.Tuner("GRPO", param_space=algo_config, run_config=tune.RunConfig(

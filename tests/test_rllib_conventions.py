@@ -166,6 +166,7 @@ def test_train_stops_on_return_and_feeds_wandb_and_mlflow(tiny_model, tmp_path, 
     assert [r["training_iteration"] for r in rows] == [1]
     assert {"env_runners/episode_return_mean", "env_runners/num_episodes", "judge/rubric_pass_rate",
             "timers/phases/learner", "learners/default_policy/kl"} <= set(rows[0])
+    assert (out / "checkpoint" / "adapter" / "adapter_config.json").is_file()
 
     # W&B, offline: the run folder, with the scalars, the config and the plots.
     (run_file,) = list((out / "tune").rglob("offline-run-*/run-*.wandb"))

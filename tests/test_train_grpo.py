@@ -126,17 +126,21 @@ def lora_state_from_checkpoint(ckpt) -> dict:
 @pytest.mark.slow
 def test_tune_runs_one_iteration(ray_session, tiny_model, tmp_path):
     from ray import tune
+    from ray.rllib.utils.test_utils import check_train_results_new_api_stack
 
     from draco_gym.algos.grpo import register_with_tune
 
     register_with_tune()  # the one call that makes the name "GRPO" known to Tune
     # Also the vLLM path's learner side: old log-probs recomputed on the learner.
     config = make_config(tiny_model, tmp_path / "run").training(minibatch_size=None, recompute_old_logprobs=True)
+    # RLlib-style stop criteria: every return is >= -1, so the trial stops after one iteration of two.
     results = tune.Tuner("GRPO", param_space=config, run_config=tune.RunConfig(
-        stop={"training_iteration": 1}, storage_path=str(tmp_path / "tune"), verbose=0)).fit()
+        stop={"env_runners/episode_return_mean": -1.0, "training_iteration": 2}, storage_path=str(tmp_path / "tune"),
+        verbose=0)).fit()
     assert not results.errors
     result = results[0]
     assert result.metrics["training_iteration"] == 1
+    check_train_results_new_api_stack(result.metrics)
     assert result.metrics["env_runners"]["num_episodes"] == 6
     learner = result.metrics["learners"]["default_policy"]
     assert learner["policy_tokens"] > 0
