@@ -32,6 +32,7 @@ import numpy as np
 from gymnasium import spaces
 
 from draco_gym.codeblock import DEFAULT_LANGUAGES, MULTI_BLOCK_POLICIES, MultiBlockPolicy, parse_message
+from draco_gym.text import truncate_middle
 from draco_gym.types import Step, Task, Termination, Trajectory
 
 EndRule = Literal["no_code", "task_completed"]
@@ -103,16 +104,6 @@ class Execution:
     error: str | None = None
     submitted: bool = False
     fatal: bool = False
-
-
-def truncate_middle(text: str, limit: int) -> str:
-    """Keep the head and tail of a long output; the cut is marked with its size."""
-    if len(text) <= limit:
-        return text
-    marker = "\n[... {} characters truncated ...]\n"
-    room = max(limit - len(marker.format(len(text))), 0)
-    head, tail = room - room // 3, room // 3
-    return text[:head] + marker.format(len(text) - head - tail) + (text[-tail:] if tail else "")
 
 
 class CodeStepEnv(gym.Env[str, str]):
