@@ -24,7 +24,7 @@ from typing import Any
 
 
 from draco_gym.codeblock import MultiBlockPolicy
-from draco_gym.envs.base import CodeStepEnv, truncate_middle
+from draco_gym.envs.base import CodeStepEnv, Outcome
 from draco_gym.envs.tau.backends import Backend, BackendError, make_backend
 from draco_gym.envs.tau.conversation import (
     LANGUAGES,
@@ -83,11 +83,7 @@ class TauBenchEnv(CodeStepEnv):
         unknown = sorted(set(options) - {"task_id"})
         if unknown:
             raise ValueError(f"unknown reset options {unknown}; TauBench accepts only 'task_id'")
-        task_id = options.get("task_id", self.task_id)
-        if task_id is None:
-            ids = self.backend.task_ids()
-            task_id = ids[int(self.np_random.integers(len(ids)))]
-        spec = self.conversation.start(self.backend.check_task(task_id))
+        spec = self.conversation.begin(options.get("task_id", self.task_id), self.np_random)
         lines = list(spec.opening.history)
         # The user answers the last agent line itself; tool traffic is not part of its view.
         before = lines[:-1] if spec.opening.user_first else lines
@@ -115,7 +111,7 @@ class TauBenchEnv(CodeStepEnv):
         )
 
     def _evaluate(self) -> dict[str, Any]:
-        grade = self.backend.evaluate(self._termination or "")
+        grade = self.backend.evaluate(self.termination or "")
         return {
             **grade,
             "user": self.user.describe(),
@@ -129,42 +125,37 @@ class TauBenchEnv(CodeStepEnv):
         observation, info = super().reset(seed=seed, options=options)
         return observation, {**info, "user": self.user.describe()}
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        index = self._begin_step()
-        info: dict[str, Any] = {"task_id": self.task.id, "step": index}
+    def _act(self, action: str) -> Outcome:
+        """A tool call runs; a message goes to the customer, whose reply is the observation."""
         turn = self.conversation.act("assistant", action)
-        info.update(turn.info)
-        termination, truncation, observation = None, None, turn.observation
-        if turn.kind == "error":
-            self._counts["parse_errors"] += 1
-        elif turn.kind == "tool":
-            self._counts["exec_errors"] += bool(turn.info["tool_error"])
-        elif turn.kind == "stop":
-            termination = Termination.SUBMITTED if "tool_call" in turn.info else "agent_stop"
-        else:
-            termination, observation = self._user_reply(turn.message or "", info)
-        if termination is None:
-            limit = self.conversation.limit_reached()
-            if limit == "too_many_errors":
-                termination = limit
-            elif limit == "max_steps":
-                truncation = limit
-        observation = truncate_middle(observation, self.max_observation_chars)
-        return self._record_step(index, action, info.get("tool_call"), observation, info, termination, truncation)
+        info: dict[str, Any] = dict(turn.info)
+        outcome = Outcome(turn.observation, code=info.get("tool_call"), info=info, parse_error=turn.kind == "error",
+                          exec_error=turn.kind == "tool" and bool(turn.info["tool_error"]))
+        ending = self.conversation.ending(turn, "assistant")
+        if turn.kind == "message":
+            ending, outcome.observation = self._user_reply(turn.message or "", info)
+        if ending is not None:
+            termination, truncated = ending
+            if truncated:
+                outcome.truncation = termination
+            else:
+                outcome.termination = termination
+        return outcome
 
-    def _user_reply(self, message: str, info: dict[str, Any]) -> tuple[str | None, str]:
-        """Send the agent's message to the customer; returns (termination or None, observation)."""
+    def _user_reply(self, message: str, info: dict[str, Any]) -> tuple[tuple[str, bool] | None, str]:
+        """Send the agent's message to the customer; returns (the episode's ending or None,
+        the observation)."""
         try:
             reply = self.user.respond(message)
         except Exception as exc:  # noqa: BLE001 - a broken user simulator ends the episode, recorded
             info["user_error"] = f"{type(exc).__name__}: {exc}"
-            return Termination.ENV_ERROR, ""
+            return (Termination.ENV_ERROR, False), ""
         turn: Turn = self.conversation.act("user", reply, tools_allowed=False)
         if turn.kind == "error":  # the simulator said nothing: the conversation cannot go on
             info["user_error"] = turn.info["action_error"]
-            return Termination.ENV_ERROR, ""
+            return (Termination.ENV_ERROR, False), ""
         info["user_message"] = turn.message
-        return (Termination.USER_STOP if turn.kind == "stop" else None), f"User: {turn.message}"
+        return self.conversation.ending(turn, "user"), f"User: {turn.message}"
 
     # -- chat view -------------------------------------------------------------------------
 
@@ -172,7 +163,7 @@ class TauBenchEnv(CodeStepEnv):
         """The episode so far as chat messages for a policy: the agent prompt as system
         message, the opening as first user message, then each step's action and observation."""
         messages = [{"role": "system", "content": self._system_prompt}, {"role": "user", "content": self._opening}]
-        for step in self._steps:
+        for step in self.trajectory().steps:
             messages.append({"role": "assistant", "content": step.text})
             if step.observation:
                 messages.append({"role": "user", "content": step.observation})
