@@ -134,9 +134,30 @@ def check_render_mode(render_mode: str | None, metadata: dict) -> None:
 
 
 class CodeStepEnv(gym.Env[str, str]):
-    """Base class; see the module docstring. Subclasses set ``can_restore = True`` when
-    replaying an episode's messages into a fresh episode reproduces its state (needed by
-    ProVer's restarts)."""
+    """Base class of every code-step environment (see the module docstring for the hooks).
+
+    ## Action space
+    ``UnicodeText``: one assistant message.
+
+    ## Observation space
+    ``UnicodeText``: the agent prompt at reset, then what the message produced, cut in the
+    middle to ``max_observation_chars``.
+
+    ## Rewards
+    Always 0; the environment's own evaluation is in ``info["metrics"]`` at the end.
+
+    ## Episode end
+    Terminated by the end rule (``no_code`` or ``submitted``), ``env_error``, or whatever
+    ``_act`` returns; truncated after ``max_turns`` messages. ``info["trajectory"]`` holds the
+    episode at its end.
+
+    ## Arguments
+    ``end_rule``, ``max_turns`` (50), ``max_observation_chars``, ``multi_block`` (policy for
+    several code blocks), ``languages`` (accepted fence languages), ``render_mode`` ("ansi").
+
+    Subclasses set ``can_restore = True`` when replaying an episode's messages into a fresh
+    episode reproduces its state (needed by ProVer's restarts).
+    """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
     can_restore: bool = False

@@ -44,9 +44,34 @@ class TextObservation(str):
 
 
 class TauBenchAEC(AECEnv):
-    """See the module docstring. Arguments as for ``TauBenchEnv``; ``max_turns`` bounds the
-    actions of both sides together, malformed ones included; ``max_action_chars`` is the
-    action spaces' ``max_length`` (what ``sample()`` draws up to)."""
+    """The τ-bench dialogue between two agents, ``assistant`` and ``user`` (see the module
+    docstring).
+
+    ## Action spaces
+    ``UnicodeText`` per agent (``max_length`` = ``max_action_chars``): the assistant's
+    message or one tool call in a code block; the user's message (or its own tool call where
+    the domain gives the customer tools).
+
+    ## Observation spaces
+    ``UnicodeText`` per agent, observations as ``TextObservation``: on an agent's first turn
+    its system prompt and the conversation so far, then what is new to it (the other side's
+    message, its own tool result or error).
+
+    ## Rewards
+    Always 0; the benchmark's grade is in ``infos[agent]["metrics"]`` at the end.
+
+    ## Episode end
+    Terminated: ``user_stop``, ``agent_stop``, ``submitted``, ``too_many_errors``.
+    Truncated: ``max_steps`` messages of any role, or ``max_turns`` actions of both sides
+    together, malformed ones included.
+
+    ## Arguments
+    As for ``TauBenchEnv``, without a user simulator (the user is an agent here);
+    ``max_action_chars`` is the action spaces' ``max_length`` (what ``sample()`` draws up to).
+
+    ## Version history
+    - v0: the initial version.
+    """
 
     metadata = {"name": "tau_bench_aec_v0", "render_modes": ["ansi"], "is_parallelizable": False}
 

@@ -38,10 +38,39 @@ from draco_gym.types import Task, Termination
 
 
 class TauBenchEnv(CodeStepEnv):
-    """See the module docstring. ``backend`` is "tau2", "tau_bench" or a built ``Backend``
-    (share one across envs to load the task set once); other keyword arguments go to the
-    backend (``task_split``, ``retrieval_variant``, ``env_kwargs``, ...). ``task_id`` fixes
-    the task; otherwise ``reset(options={"task_id": ...})`` picks it, or the seed does."""
+    """τ-bench's customer-service dialogue; one step is one agent message (see the module
+    docstring).
+
+    ## Action space
+    ``UnicodeText``: the agent message. One code block holding one tool call with keyword
+    literal arguments (Python or JSON form) runs the tool; no code block is a message to the
+    customer.
+
+    ## Observation space
+    ``UnicodeText``: at reset the agent prompt (instructions, policy, tool signatures, the
+    conversation so far); after a step the tool's result, the customer's reply
+    (``"User: ..."``) or an error, cut in the middle to ``max_observation_chars``.
+
+    ## Rewards
+    Always 0. The benchmark's grade (``reward``, ``success``, ``db_match``, ...) is in
+    ``info["metrics"]`` at the end.
+
+    ## Episode end
+    Terminated: ``user_stop`` (the customer's stop token), ``agent_stop`` (``###STOP###``),
+    ``submitted`` (a tool that ends the task), ``too_many_errors`` (``max_errors`` failed
+    tool calls), ``env_error`` (the user simulator failed). Truncated: ``max_steps``
+    messages of any role, or ``max_turns`` agent messages.
+
+    ## Arguments
+    ``backend`` is "tau2", "tau_bench" or a built ``Backend`` (share one across envs to load
+    the task set once); other keyword arguments go to the backend (``task_split``,
+    ``retrieval_variant``, ``env_kwargs``, ...). ``domain`` picks the domain. ``task_id``
+    fixes the task; otherwise ``reset(options={"task_id": ...})`` picks it, or the seed
+    does. ``user``: an LLM user (a dict or ``LLMUser``) or a scripted one.
+
+    ## Version history
+    - v0: the initial version.
+    """
 
     def __init__(
         self,
