@@ -29,6 +29,7 @@ import random
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from textwrap import dedent
 
@@ -278,18 +279,37 @@ QUESTION_EVAL = dedent("""
 QUESTION_REQS = ["the answer given matches the correct answer", "no data in any app was changed"]
 
 
+# The scenarios, in build order (the order also fixes the draws from the shared rng, so the
+# same seed writes the same suite). Each takes the world and the rng and returns its
+# Scenario with three variants.
+SCENARIOS: list[Callable[[World, random.Random], Scenario]] = []
+
+
+def scenario(make: Callable[[World, random.Random], Scenario]) -> Callable[[World, random.Random], Scenario]:
+    SCENARIOS.append(make)
+    return make
+
+
+ORDINALS = ["first", "second", "third", "fourth", "fifth"]
+
+
+def question(name: str, difficulty: int, apps: list[str], variants: list[TaskSpec]) -> Scenario:
+    return Scenario(name, "question", difficulty, apps, QUESTION_REQS, QUESTION_EVAL, variants)
+
+
+def complete(answer_expr: str | None = None) -> str:
+    return f"apis.supervisor.complete_task(answer={answer_expr})" if answer_expr else "apis.supervisor.complete_task()"
+
+
 def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
-    scenarios: list[Scenario] = []
-    people = world.people
-    ordinals = ["first", "second", "third", "fourth", "fifth"]
+    return [make(world, rng) for make in SCENARIOS]
 
-    def question(name, difficulty, apps, variants):
-        scenarios.append(Scenario(name, "question", difficulty, apps, QUESTION_REQS, QUESTION_EVAL, variants))
 
-    def complete(answer_expr: str | None = None) -> str:
-        return f"apis.supervisor.complete_task(answer={answer_expr})" if answer_expr else "apis.supervisor.complete_task()"
+# -- questions ------------------------------------------------------------------------------
 
-    # -- questions ------------------------------------------------------------------------
+
+@scenario
+def notes_tag_count(world: World, rng: random.Random) -> Scenario:
     variants = []
     for tag in ["work", "recipe", "travel"]:
         n = sum(tag in note["tags"] for note in world.notes)
@@ -300,8 +320,11 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
             [LOGIN + "\n" + login("simple_note"), first_page("notes", search), complete("len(notes)")],
             QUESTION_REQS[0],
         ))
-    question("notes-tag-count", 1, ["simple_note"], variants)
+    return question("notes-tag-count", 1, ["simple_note"], variants)
 
+
+@scenario
+def note_list_item(world: World, rng: random.Random) -> Scenario:
     variants = []
     for title, k in [("Books to read", 3), ("Groceries", 5), ("Movies to watch", 2)]:
         item = LIST_NOTES[title][k - 1]
@@ -312,13 +335,16 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
             print(lines)
         """).strip()
         variants.append(TaskSpec(
-            f"What is the {ordinals[k - 1]} item on my '{title}' list in Simple Note?", item, {},
+            f"What is the {ORDINALS[k - 1]} item on my '{title}' list in Simple Note?", item, {},
             [LOGIN + "\n" + login("simple_note"), find, complete(f"lines[{k - 1}]")],
             [LOGIN + "\n" + login("simple_note"), find, complete(f"lines[{k}]")],
             QUESTION_REQS[0],
         ))
-    question("note-list-item", 1, ["simple_note"], variants)
+    return question("note-list-item", 1, ["simple_note"], variants)
 
+
+@scenario
+def contacts_relationship_count(world: World, rng: random.Random) -> Scenario:
     variants = []
     for relationship in ["friend", "coworker", "family"]:
         n = len(world.with_relationship(relationship))
@@ -328,8 +354,12 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
             [LOGIN + "\n" + login("phone"), contacts_code(relationship, pages=False), complete("len(contacts)")],
             QUESTION_REQS[0],
         ))
-    question("contacts-relationship-count", 1, ["phone"], variants)
+    return question("contacts-relationship-count", 1, ["phone"], variants)
 
+
+@scenario
+def contact_phone_lookup(world: World, rng: random.Random) -> Scenario:
+    people = world.people
     variants = []
     for first, (relationship, _) in SHARED_FIRST_NAMES.items():
         person = next(p for p in people if p.first_name == first and relationship in p.relationships)
@@ -344,8 +374,12 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
              complete('match["phone_number"]')],
             QUESTION_REQS[0],
         ))
-    question("contact-phone-lookup", 2, ["phone"], variants)
+    return question("contact-phone-lookup", 2, ["phone"], variants)
 
+
+@scenario
+def venmo_received_from(world: World, rng: random.Random) -> Scenario:
+    people = world.people
     variants = []
     for person in people[:3]:
         received = round(sum(t["amount"] for t in world.transactions
@@ -359,8 +393,11 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
              complete('round(sum(t["amount"] for t in transactions), 2)')],
             QUESTION_REQS[0],
         ))
-    question("venmo-received-from", 2, ["venmo"], variants)
+    return question("venmo-received-from", 2, ["venmo"], variants)
 
+
+@scenario
+def venmo_sent_in_month(world: World, rng: random.Random) -> Scenario:
     variants = []
     for month in [2, 3, 4]:
         sent = round(sum(t["amount"] for t in world.transactions
@@ -376,8 +413,11 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
              complete('round(sum(t["amount"] for t in sent), 2)')],
             QUESTION_REQS[0],
         ))
-    question("venmo-sent-in-month", 2, ["venmo"], variants)
+    return question("venmo-sent-in-month", 2, ["venmo"], variants)
 
+
+@scenario
+def photo_count(world: World, rng: random.Random) -> Scenario:
     variants = []
     for year in [2021, 2022, 2023]:
         n = sum(path.startswith(f"photos/{year}/") for path in world.files)
@@ -388,8 +428,11 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
             [LOGIN + "\n" + login("file_system"), "entries = " + listing.format("all") + "\nprint(entries)", complete("len(entries)")],
             QUESTION_REQS[0],
         ))
-    question("photo-count", 1, ["file_system"], variants)
+    return question("photo-count", 1, ["file_system"], variants)
 
+
+@scenario
+def receipts_month_total(world: World, rng: random.Random) -> Scenario:
     variants = []
     for month in [1, 3, 5]:
         total = round(sum(float(c.split("Total: $")[1]) for path, c in world.files.items()
@@ -410,9 +453,14 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
              complete("round(total, 2)")],
             QUESTION_REQS[0],
         ))
-    question("receipts-month-total", 2, ["file_system"], variants)
+    return question("receipts-month-total", 2, ["file_system"], variants)
 
-    # -- state-changing tasks ------------------------------------------------------------
+
+# -- state-changing tasks -------------------------------------------------------------------
+
+
+@scenario
+def note_of_contacts(world: World, rng: random.Random) -> Scenario:
     reqs = ["exactly one note with the requested title was created",
             "the note lists exactly the requested contacts, one per line",
             "nothing but Simple Note notes was changed"]
@@ -442,8 +490,12 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
             [LOGIN + "\n" + login("phone") + "\n" + login("simple_note"), contacts_code(relationship, pages=False), write, complete()],
             reqs[1],
         ))
-    scenarios.append(Scenario("note-of-contacts", "action", 2, ["phone", "simple_note"], reqs, evaluation, variants))
+    return Scenario("note-of-contacts", "action", 2, ["phone", "simple_note"], reqs, evaluation, variants)
 
+
+@scenario
+def venmo_pay_contact(world: World, rng: random.Random) -> Scenario:
+    people = world.people
     reqs = ["exactly one Venmo payment was sent, to the right person",
             "the payment has the requested amount and note",
             "nothing but Venmo money movements were changed"]
@@ -479,8 +531,11 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
              paged("contacts", f'apis.phone.search_contacts(access_token=phone_token, query="{first}")'), namesake, complete()],
             reqs[0],
         ))
-    scenarios.append(Scenario("venmo-pay-contact", "action", 2, ["phone", "venmo"], reqs, evaluation, variants))
+    return Scenario("venmo-pay-contact", "action", 2, ["phone", "venmo"], reqs, evaluation, variants)
 
+
+@scenario
+def venmo_request_group(world: World, rng: random.Random) -> Scenario:
     reqs = ["a payment request was sent to every requested contact and no one else",
             "every request has the requested amount and note",
             "nothing but Venmo payment requests and notifications were changed"]
@@ -512,8 +567,12 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
             [LOGIN + "\n" + login("phone") + "\n" + login("venmo"), contacts_code(relationship, pages=False), ask, complete()],
             reqs[0],
         ))
-    scenarios.append(Scenario("venmo-request-group", "action", 3, ["phone", "venmo"], reqs, evaluation, variants))
+    return Scenario("venmo-request-group", "action", 3, ["phone", "venmo"], reqs, evaluation, variants)
 
+
+@scenario
+def update_contact_phone(world: World, rng: random.Random) -> Scenario:
+    people = world.people
     reqs = ["the contact's phone number was updated",
             "no contact was added or removed and no other contact changed",
             "nothing but phone contacts was changed"]
@@ -550,8 +609,11 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
             [LOGIN + "\n" + login("phone"), wrong, complete()],
             reqs[0],
         ))
-    scenarios.append(Scenario("update-contact-phone", "action", 1, ["phone"], reqs, evaluation, variants))
+    return Scenario("update-contact-phone", "action", 1, ["phone"], reqs, evaluation, variants)
 
+
+@scenario
+def delete_tagged_notes(world: World, rng: random.Random) -> Scenario:
     reqs = ["no note with the tag is left",
             "every other note is untouched",
             "nothing but Simple Note notes was changed"]
@@ -575,8 +637,11 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
             [LOGIN + "\n" + login("simple_note"), first_page("notes", search), delete, complete()],
             reqs[0],
         ))
-    scenarios.append(Scenario("delete-tagged-notes", "action", 2, ["simple_note"], reqs, evaluation, variants))
+    return Scenario("delete-tagged-notes", "action", 2, ["simple_note"], reqs, evaluation, variants)
 
+
+@scenario
+def note_to_file(world: World, rng: random.Random) -> Scenario:
     reqs = ["a file exists at the requested path",
             "the file holds the note's content",
             "nothing but files were changed"]
@@ -608,8 +673,11 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
              write.format(f"~/{name}.txt"), complete()],
             reqs[0],
         ))
-    scenarios.append(Scenario("note-to-file", "action", 2, ["simple_note", "file_system"], reqs, evaluation, variants))
+    return Scenario("note-to-file", "action", 2, ["simple_note", "file_system"], reqs, evaluation, variants)
 
+
+@scenario
+def text_relationship(world: World, rng: random.Random) -> Scenario:
     reqs = ["every requested contact got the message and no one else",
             "each message has the requested text",
             "nothing but text messages were changed"]
@@ -638,8 +706,11 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
             [LOGIN + "\n" + login("phone"), contacts_code(relationship, pages=False), send, complete()],
             reqs[0],
         ))
-    scenarios.append(Scenario("text-relationship", "action", 2, ["phone"], reqs, evaluation, variants))
+    return Scenario("text-relationship", "action", 2, ["phone"], reqs, evaluation, variants)
 
+
+@scenario
+def file_receipts_by_month(world: World, rng: random.Random) -> Scenario:
     reqs = ["every receipt of the month is in the new folder",
             "no receipt of the month is left in ~/receipts/ itself",
             "receipts of other months are untouched"]
@@ -676,8 +747,7 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
              move.format("copy"), complete()],
             reqs[1],
         ))
-    scenarios.append(Scenario("file-receipts-by-month", "action", 3, ["file_system"], reqs, evaluation, variants))
-    return scenarios
+    return Scenario("file-receipts-by-month", "action", 3, ["file_system"], reqs, evaluation, variants)
 
 
 # Splits are by scenario, as in AppWorld: a test scenario's template is never seen in training.
