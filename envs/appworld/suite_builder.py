@@ -214,7 +214,7 @@ def _filler(rng: random.Random) -> str:
 
 
 @dataclass
-class TaskSpec:
+class Variant:
     """One task: what the supervisor asks, how it is judged, and how to solve it."""
 
     instruction: str
@@ -233,7 +233,7 @@ class Scenario:
     apps: list[str]
     requirements: list[str]
     evaluation: str  # body of evaluate(); `p` holds the task's params
-    variants: list[TaskSpec] = field(default_factory=list)
+    variants: list[Variant] = field(default_factory=list)
 
 
 LOGIN = dedent("""
@@ -293,7 +293,7 @@ def scenario(make: Callable[[World, random.Random], Scenario]) -> Callable[[Worl
 ORDINALS = ["first", "second", "third", "fourth", "fifth"]
 
 
-def question(name: str, difficulty: int, apps: list[str], variants: list[TaskSpec]) -> Scenario:
+def question(name: str, difficulty: int, apps: list[str], variants: list[Variant]) -> Scenario:
     return Scenario(name, "question", difficulty, apps, QUESTION_REQS, QUESTION_EVAL, variants)
 
 
@@ -314,7 +314,7 @@ def notes_tag_count(world: World, rng: random.Random) -> Scenario:
     for tag in ["work", "recipe", "travel"]:
         n = sum(tag in note["tags"] for note in world.notes)
         search = f'apis.simple_note.search_notes(access_token=simple_note_token, tags=["{tag}"])'
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"How many notes in my Simple Note account are tagged '{tag}'?", n, {},
             [LOGIN + "\n" + login("simple_note"), paged("notes", search) + "\nprint(len(notes))", complete("len(notes)")],
             [LOGIN + "\n" + login("simple_note"), first_page("notes", search), complete("len(notes)")],
@@ -334,7 +334,7 @@ def note_list_item(world: World, rng: random.Random) -> Scenario:
             lines = apis.simple_note.show_note(access_token=simple_note_token, note_id=note_id)["content"].splitlines()
             print(lines)
         """).strip()
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"What is the {ORDINALS[k - 1]} item on my '{title}' list in Simple Note?", item, {},
             [LOGIN + "\n" + login("simple_note"), find, complete(f"lines[{k - 1}]")],
             [LOGIN + "\n" + login("simple_note"), find, complete(f"lines[{k}]")],
@@ -348,7 +348,7 @@ def contacts_relationship_count(world: World, rng: random.Random) -> Scenario:
     variants = []
     for relationship in ["friend", "coworker", "family"]:
         n = len(world.with_relationship(relationship))
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"How many people in my phone contacts are listed as my {relationship}?", n, {},
             [LOGIN + "\n" + login("phone"), contacts_code(relationship), complete("len(contacts)")],
             [LOGIN + "\n" + login("phone"), contacts_code(relationship, pages=False), complete("len(contacts)")],
@@ -366,7 +366,7 @@ def contact_phone_lookup(world: World, rng: random.Random) -> Scenario:
         pick = f'match = [c for c in contacts if c["first_name"] == "{first}"][0]\nprint(match)'
         # the wrong one finds the namesake: same first name, not the asked-for relationship
         confuse = f'match = [c for c in contacts if c["first_name"] == "{first}" and "{relationship}" not in c["relationships"]][0]\nprint(match)'
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"What is the phone number of my {relationship} {first}?", person.phone_number, {},
             [LOGIN + "\n" + login("phone"), contacts_code(relationship) + "\n" + pick, complete('match["phone_number"]')],
             [LOGIN + "\n" + login("phone"),
@@ -385,7 +385,7 @@ def venmo_received_from(world: World, rng: random.Random) -> Scenario:
         received = round(sum(t["amount"] for t in world.transactions
                              if people[t["person"]] is person and t["direction"] == "received"), 2)
         base = f'apis.venmo.show_transactions(access_token=venmo_token, user_email="{person.email}"'
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"How much money in total have I received on Venmo from {person.full_name}?", received, {},
             [LOGIN + "\n" + login("venmo"), paged("transactions", base + ', direction="received")'),
              complete('round(sum(t["amount"] for t in transactions), 2)')],
@@ -405,7 +405,7 @@ def venmo_sent_in_month(world: World, rng: random.Random) -> Scenario:
         call = (f'apis.venmo.show_transactions(access_token=venmo_token, direction="sent", '
                 f'min_created_at="2023-{month:02d}-01", max_created_at="2023-{month + 1:02d}-01")')
         keep = f'sent = [t for t in transactions if t["created_at"].startswith("2023-{month:02d}")]\nprint(len(sent))'
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"How much money did I send on Venmo in {MONTHS[month - 1]} 2023, in total?", sent, {},
             [LOGIN + "\n" + login("venmo"), paged("transactions", call) + "\n" + keep,
              complete('round(sum(t["amount"] for t in sent), 2)')],
@@ -422,7 +422,7 @@ def photo_count(world: World, rng: random.Random) -> Scenario:
     for year in [2021, 2022, 2023]:
         n = sum(path.startswith(f"photos/{year}/") for path in world.files)
         listing = f'apis.file_system.show_directory(access_token=file_system_token, directory_path="~/photos/{year}/", entry_type="{{}}", recursive=True)'
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"How many photo files do I have in the ~/photos/{year}/ folder of my file system, sub-folders included?", n, {},
             [LOGIN + "\n" + login("file_system"), "entries = " + listing.format("files") + "\nprint(entries)", complete("len(entries)")],
             [LOGIN + "\n" + login("file_system"), "entries = " + listing.format("all") + "\nprint(entries)", complete("len(entries)")],
@@ -446,7 +446,7 @@ def receipts_month_total(world: World, rng: random.Random) -> Scenario:
                     total += float(content.split("Total: $")[1].split()[0])
             print(round(total, 2))
         """).strip()
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"What do my receipts in ~/receipts/ from {MONTHS[month - 1]} 2023 add up to?", total, {},
             [LOGIN + "\n" + login("file_system"), read, complete("round(total, 2)")],
             [LOGIN + "\n" + login("file_system"), read.replace(f'if "Date: 2023-{month:02d}" in content:', "if True:"),
@@ -483,7 +483,7 @@ def note_of_contacts(world: World, rng: random.Random) -> Scenario:
             content = "\\n".join(c["first_name"] + " " + c["last_name"] for c in contacts)
             print(apis.simple_note.create_note(access_token=simple_note_token, title="{title}", content=content))
         """).strip()
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"Create a note titled '{title}' in Simple Note that lists the full name of every {relationship} "
             "in my phone contacts, one per line.", None, {"title": title, "names": names},
             [LOGIN + "\n" + login("phone") + "\n" + login("simple_note"), contacts_code(relationship), write, complete()],
@@ -523,7 +523,7 @@ def venmo_pay_contact(world: World, rng: random.Random) -> Scenario:
         pay = f'match = [c for c in contacts if c["first_name"] == "{first}"][0]\n' + send
         namesake = (f'match = [c for c in contacts if c["first_name"] == "{first}" and "{relationship}" not in c["relationships"]][0]\n'
                     + send)
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"Send ${amount:.2f} on Venmo to my {relationship} {first}, with the note '{description}'.", None,
             {"email": person.email, "amount": amount, "description": description},
             [LOGIN + "\n" + login("phone") + "\n" + login("venmo"), contacts_code(relationship), pay, complete()],
@@ -560,7 +560,7 @@ def venmo_request_group(world: World, rng: random.Random) -> Scenario:
             for c in contacts:
                 print(apis.venmo.create_payment_request(access_token=venmo_token, user_email=c["email"], amount={amount}, description="{description}"))
         """).strip()
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"Request ${amount:.2f} on Venmo from each {relationship} in my phone contacts, with the note '{description}'.",
             None, {"emails": emails, "amount": amount, "description": description},
             [LOGIN + "\n" + login("phone") + "\n" + login("venmo"), contacts_code(relationship), ask, complete()],
@@ -602,7 +602,7 @@ def update_contact_phone(world: World, rng: random.Random) -> Scenario:
             match = [c for c in contacts if c["first_name"] == "{person.first_name}" and c["last_name"] == "{person.last_name}"][0]
             print(apis.phone.add_contact(access_token=phone_token, first_name=match["first_name"], last_name=match["last_name"], email=match["email"], phone_number="{new_number}", relationships=match["relationships"]))
         """).rstrip()
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"{person.full_name} has a new phone number, {new_number}. Update their entry in my phone contacts.", None,
             {"email": person.email, "phone_number": new_number},
             [LOGIN + "\n" + login("phone"), right, complete()],
@@ -631,7 +631,7 @@ def delete_tagged_notes(world: World, rng: random.Random) -> Scenario:
     for tag in ["books", "travel", "recipe"]:
         search = f'apis.simple_note.search_notes(access_token=simple_note_token, tags=["{tag}"])'
         delete = 'for n in notes:\n    print(apis.simple_note.delete_note(access_token=simple_note_token, note_id=n["note_id"]))'
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"Delete every note tagged '{tag}' from my Simple Note account.", None, {"tag": tag},
             [LOGIN + "\n" + login("simple_note"), paged("notes", search), delete, complete()],
             [LOGIN + "\n" + login("simple_note"), first_page("notes", search), delete, complete()],
@@ -664,7 +664,7 @@ def note_to_file(world: World, rng: random.Random) -> Scenario:
             content = apis.simple_note.show_note(access_token=simple_note_token, note_id=note_id)["content"]
         """).strip()
         write = 'print(apis.file_system.create_file(access_token=file_system_token, file_path="{}", content=content))'
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"Copy my '{title}' note from Simple Note into a new file ~/documents/{name}.txt in my file system.", None,
             {"path": f"{world.home}documents/{name}.txt", "content": content},
             [LOGIN + "\n" + login("simple_note") + "\n" + login("file_system"), read,
@@ -699,7 +699,7 @@ def text_relationship(world: World, rng: random.Random) -> Scenario:
                                   ("friend", "Trivia night moved to Thursday!")]:
         phones = sorted(p.phone_number for p in world.with_relationship(relationship))
         send = f'for c in contacts:\n    print(apis.phone.send_text_message(access_token=phone_token, phone_number=c["phone_number"], message="{message}"))'
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"Text every {relationship} in my phone contacts: \"{message}\"", None,
             {"phones": phones, "message": message},
             [LOGIN + "\n" + login("phone"), contacts_code(relationship), send, complete()],
@@ -736,7 +736,7 @@ def file_receipts_by_month(world: World, rng: random.Random) -> Scenario:
                 if path.split("/")[-1].startswith("2023-{month:02d}"):
                     print(apis.file_system.{{}}_file(access_token=file_system_token, source_file_path=path, destination_file_path="~/receipts/{folder}/" + path.split("/")[-1]))
         """).strip()
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"Move all my receipts from {MONTHS[month - 1]} 2023 into a new folder ~/receipts/{folder}/ in my file system.",
             None, {"names": names, "source": f"{world.home}receipts/", "target": f"{world.home}receipts/{folder}/"},
             [LOGIN + "\n" + login("file_system"),
