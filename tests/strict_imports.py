@@ -14,7 +14,7 @@ import os
 import pytest
 
 CI_INSTALLED = frozenset({"draco_gym", "ray", "torch", "transformers", "peft", "datasets", "trl", "tau2",
-                          "pettingzoo", "hypothesis", "gymnasium", "openai", "matplotlib"})
+                          "pettingzoo", "hypothesis", "gymnasium", "openai", "matplotlib", "yaml", "playwright"})
 
 _importorskip = pytest.importorskip
 
