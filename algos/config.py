@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 
 class ConfigError(ValueError):
@@ -298,7 +298,7 @@ KNOBS: dict[str, str] = {
     "env_config": "env.config",
     "task_ids": "env.task_ids",
     "seed": "seed",
-    **{f"policy_model" if key == "model" else key: f"policy.{key}" for key in PolicySection.model_fields},
+    **{"policy_model" if key == "model" else key: f"policy.{key}" for key in PolicySection.model_fields},
     **{key: f"rollout.{key}" for key in RolloutSection.model_fields},
     "reward": "reward.name",
     "reward_options": "reward.options",

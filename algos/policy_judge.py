@@ -22,7 +22,7 @@ class PolicyJudge:
         self._lock = threading.Lock()  # one model, one generation at a time
 
     async def complete(self, messages, *, schema=None, schema_name="", temperature=0.1, max_tokens=1024, sample=0):
-        from draco_gym.reward.judge import JudgeReply
+        from draco_gym.reward.judges import JudgeReply
 
         def run() -> JudgeReply:
             from draco_gym.algos.generation import TorchSampler

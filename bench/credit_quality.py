@@ -14,7 +14,7 @@ handled well. Step lengths in tokens vary (20..80), so token weighting matters.
 Every rule sees the same trajectory reward: a simulated DRACO judge scores one criterion per
 decision (PASS if handled well), is lenient with probability q (a FAIL turns into a PASS) and
 cites the wrong step with probability p (a uniformly drawn other step); discriminative
-dropout and R_i = (p_i - f_i)/(p_i + f_i) follow DESIGN.md, and A_i is GRPO's group advantage.
+dropout and R_i = (p_i - f_i)/(p_i + f_i) are DRACO's stages 6 and 7, and A_i is GRPO's group advantage.
 On top of it:
 
   uniform  a_j = A_i

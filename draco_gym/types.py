@@ -27,6 +27,9 @@ class Termination:
     LENGTH = "length"  # the context or response token budget ran out (set by the trainer)
     ENV_ERROR = "env_error"  # the environment failed and could not be recovered
     USER_STOP = "user_stop"  # a simulated user ended the conversation (tau-bench)
+    AGENT_STOP = "agent_stop"  # the agent ended the conversation (tau-bench's ###STOP###)
+    TOO_MANY_ERRORS = "too_many_errors"  # tau-bench's limit on failed tool calls
+    MAX_STEPS = "max_steps"  # tau-bench's limit on messages of any role (a truncation)
 
 
 class _Model(BaseModel):

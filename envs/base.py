@@ -1,12 +1,16 @@
 """The code-step environment: one Gymnasium step is one assistant message.
 
 Every text tool-use environment in draco-gym (AppWorld, tau-bench, PythonTools, yours)
-subclasses ``CodeStepEnv`` and implements three hooks:
+subclasses ``CodeStepEnv`` and implements these hooks:
 
     _start(seed, options) -> Task   pick and load the task; Task.agent_prompt is the first
                                     observation
     _execute(code) -> Execution     run one code block in the task's world
     _evaluate() -> dict             the environment's own evaluation, once, at episode end
+    _act(action) -> Outcome         what one message does; by default: find its code block
+                                    and ``_execute`` it. An environment whose action is not
+                                    a code block to run (tau-bench: a tool call or a message
+                                    to the customer) overrides this one hook, never ``step``.
 
 The base class owns everything that must behave the same across environments: finding the
 code block (``draco_gym.codeblock``), the end rule, the turn budget, observation truncation,
@@ -24,7 +28,7 @@ The episode is truncated (``max_turns``) after ``max_turns`` messages.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -32,6 +36,7 @@ import numpy as np
 from gymnasium import spaces
 
 from draco_gym.codeblock import DEFAULT_LANGUAGES, MULTI_BLOCK_POLICIES, MultiBlockPolicy, parse_message
+from draco_gym.text import truncate_middle
 from draco_gym.types import Step, Task, Termination, Trajectory
 
 EndRule = Literal["no_code", "task_completed"]
@@ -105,20 +110,54 @@ class Execution:
     fatal: bool = False
 
 
-def truncate_middle(text: str, limit: int) -> str:
-    """Keep the head and tail of a long output; the cut is marked with its size."""
-    if len(text) <= limit:
-        return text
-    marker = "\n[... {} characters truncated ...]\n"
-    room = max(limit - len(marker.format(len(text))), 0)
-    head, tail = room - room // 3, room // 3
-    return text[:head] + marker.format(len(text) - head - tail) + (text[-tail:] if tail else "")
+@dataclass
+class Outcome:
+    """What one agent message did.
+
+    ``code`` is recorded as the step's code (what ran); ``termination`` or ``truncation`` (a
+    ``Termination`` value) ends the episode; ``parse_error`` and ``exec_error`` count into the
+    episode's metrics; ``info`` joins the step's info.
+    """
+
+    observation: str
+    code: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    termination: str | None = None
+    truncation: str | None = None
+    parse_error: bool = False
+    exec_error: bool = False
+
+
+def check_render_mode(render_mode: str | None, metadata: dict) -> None:
+    if render_mode is not None and render_mode not in metadata["render_modes"]:
+        raise ValueError(f"render_mode must be one of {metadata['render_modes']}, got {render_mode!r}")
 
 
 class CodeStepEnv(gym.Env[str, str]):
-    """Base class; see the module docstring. Subclasses set ``can_restore = True`` when
-    replaying an episode's messages into a fresh episode reproduces its state (needed by
-    ProVer's restarts)."""
+    """Base class of every code-step environment (see the module docstring for the hooks).
+
+    ## Action space
+    ``UnicodeText``: one assistant message.
+
+    ## Observation space
+    ``UnicodeText``: the agent prompt at reset, then what the message produced, cut in the
+    middle to ``max_observation_chars``.
+
+    ## Rewards
+    Always 0; the environment's own evaluation is in ``info["metrics"]`` at the end.
+
+    ## Episode end
+    Terminated by the end rule (``no_code`` or ``submitted``), ``env_error``, or whatever
+    ``_act`` returns; truncated after ``max_turns`` messages. ``info["trajectory"]`` holds the
+    episode at its end.
+
+    ## Arguments
+    ``end_rule``, ``max_turns`` (50), ``max_observation_chars``, ``multi_block`` (policy for
+    several code blocks), ``languages`` (accepted fence languages), ``render_mode`` ("ansi").
+
+    Subclasses set ``can_restore = True`` when replaying an episode's messages into a fresh
+    episode reproduces its state (needed by ProVer's restarts).
+    """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
     can_restore: bool = False
@@ -141,8 +180,7 @@ class CodeStepEnv(gym.Env[str, str]):
             raise ValueError(f"max_turns must be a positive integer, got {max_turns!r}")
         if max_observation_chars < 100:
             raise ValueError(f"max_observation_chars must be >= 100, got {max_observation_chars}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+        check_render_mode(render_mode, self.metadata)
         self.end_rule = end_rule
         self.max_turns = max_turns
         self.max_observation_chars = max_observation_chars
@@ -168,6 +206,30 @@ class CodeStepEnv(gym.Env[str, str]):
     def _evaluate(self) -> dict[str, Any]:
         return {}
 
+    def _act(self, action: str) -> Outcome:
+        """One message of the agent: run its code block (``_execute``), or apply the end
+        rule to a message without one; a malformed message is an error observation."""
+        parsed = parse_message(action, multi_block=self.multi_block, languages=self.languages)
+        info: dict[str, Any] = {"parse": parsed.to_info()}
+        if parsed.code is not None:
+            execution = self._execute(parsed.code)
+            info["exec_error"] = execution.error
+            termination = None
+            if execution.fatal:
+                termination = Termination.ENV_ERROR
+            elif execution.submitted and self.end_rule == "task_completed":
+                termination = Termination.SUBMITTED
+            if execution.submitted:
+                info["submitted"] = True
+            return Outcome(execution.output, code=parsed.code, info=info, termination=termination,
+                           exec_error=execution.error is not None)
+        if parsed.error is not None:
+            return Outcome(f"Error: {parsed.error}.", info=info, parse_error=True)
+        if self.end_rule == "no_code":
+            return Outcome("", info=info, termination=Termination.NO_CODE)
+        return Outcome("Error: no code block found. Put the code to run in one ```python block.", info=info,
+                       parse_error=True)
+
     # -- Gymnasium API -------------------------------------------------------------------
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
@@ -181,32 +243,15 @@ class CodeStepEnv(gym.Env[str, str]):
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         index = self._begin_step()
-        parsed = parse_message(action, multi_block=self.multi_block, languages=self.languages)
-        info: dict[str, Any] = {"task_id": self.task.id, "step": index, "parse": parsed.to_info()}
-        termination = None
+        outcome = self._act(action)
+        self._counts["parse_errors"] += outcome.parse_error
+        self._counts["exec_errors"] += outcome.exec_error
+        info: dict[str, Any] = {"task_id": self.task.id, "step": index, **outcome.info}
+        observation = truncate_middle(outcome.observation, self.max_observation_chars)
+        return self._record_step(index, action, outcome.code, observation, info, outcome.termination,
+                                 outcome.truncation)
 
-        if parsed.code is not None:
-            execution = self._execute(parsed.code)
-            observation = truncate_middle(execution.output, self.max_observation_chars)
-            info["exec_error"] = execution.error
-            self._counts["exec_errors"] += execution.error is not None
-            if execution.fatal:
-                termination = Termination.ENV_ERROR
-            elif execution.submitted and self.end_rule == "task_completed":
-                termination = Termination.SUBMITTED
-            if execution.submitted:
-                info["submitted"] = True
-        elif parsed.error is not None:
-            self._counts["parse_errors"] += 1
-            observation = f"Error: {parsed.error}."
-        elif self.end_rule == "no_code":
-            observation, termination = "", Termination.NO_CODE
-        else:
-            self._counts["parse_errors"] += 1
-            observation = "Error: no code block found. Put the code to run in one ```python block."
-        return self._record_step(index, action, parsed.code, observation, info, termination)
-
-    # -- pieces of a step, for subclasses whose action is not a code block to run ----------
+    # -- the two halves of every step ------------------------------------------------------
 
     def _begin_step(self) -> int:
         """Check that a step may be taken; returns its 1-based index."""
@@ -249,6 +294,11 @@ class CodeStepEnv(gym.Env[str, str]):
         return f"[step {last.index}]\n{last.text}\n[observation]\n{last.observation}"
 
     # -- episode record -----------------------------------------------------------------
+
+    @property
+    def termination(self) -> str | None:
+        """Why the episode ended (a ``Termination`` value); None while it runs."""
+        return self._termination
 
     @property
     def task(self) -> Task:

@@ -9,17 +9,32 @@
     group.scores[i].verdicts                            # verdicts citing 1-based steps
 
 Rewards by name (``REWARDS``, ``build_reward``): "dynamic" (DRACO), "static", "rule"
-(judge-free, the offline default), "outcome". Judges by name (``JUDGES``,
-``build_judge``): "openai", "transformers". Importing this package never imports torch,
-ray or transformers; ``TransformersJudge`` loads them when it is built.
+(judge-free, the offline default), "outcome", and "weighted" (a weighted sum of others, e.g.
+rule + outcome). Judges by name (``JUDGES``, ``build_judge``): "openai", "transformers".
+
+One judge call: a rubric (``dynamic.py``, ``static.py``) composes stages (``stages.py``:
+propose, augment, merge, score, attribute, ...); a stage asks the judge client
+(``judge_client.py``: limits, retries, repair, cache, cost), which calls the judge
+(``judges.py``). Importing this package never imports torch, ray or transformers;
+``TransformersJudge`` loads them when it is built.
 """
 
 from draco_gym.reward.answers import InvalidAnswer
 from draco_gym.reward.base import REWARDS, RubricReward, build_reward, discriminative_dropout, finalize_group
-from draco_gym.reward.client import DiskCache, JudgeClient, JudgeSettings, Price, StageFailed, UsageMeter
+from draco_gym.reward.combined import WeightedReward
 from draco_gym.reward.dynamic import DynamicRubricReward
-from draco_gym.reward.judge import JUDGES, Judge, JudgeReply, JudgeUnavailable, OpenAIJudge, build_judge
-from draco_gym.reward.judging import combine_samples
+from draco_gym.reward.judge_client import DiskCache, JudgeClient, JudgeSettings, Price, StageFailed, UsageMeter
+from draco_gym.reward.judges import (
+    JUDGES,
+    FunctionJudge,
+    Judge,
+    JudgeReply,
+    JudgeUnavailable,
+    OpenAIJudge,
+    TransformersJudge,
+    build_judge,
+)
+from draco_gym.reward.stages import combine_samples
 from draco_gym.reward.outcome import OutcomeReward
 from draco_gym.reward.rules import FAMILIES, RuleRubricReward, foundational_rewards, item_score, transition_items
 from draco_gym.reward.static import STATIC_CRITERIA, StaticRubricReward
@@ -32,6 +47,7 @@ __all__ = [
     "STATIC_CRITERIA",
     "DiskCache",
     "DynamicRubricReward",
+    "FunctionJudge",
     "InvalidAnswer",
     "Judge",
     "JudgeClient",
@@ -46,7 +62,9 @@ __all__ = [
     "StageFailed",
     "StaticRubricReward",
     "TRLReward",
+    "TransformersJudge",
     "UsageMeter",
+    "WeightedReward",
     "build_judge",
     "build_reward",
     "combine_samples",

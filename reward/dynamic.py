@@ -1,4 +1,5 @@
-"""DRACO's dynamic rubric reward: seven stages from a task and G rollouts to G rewards.
+"""DRACO's dynamic rubric reward: seven stages from a task and G rollouts to G rewards,
+composed from the judge stages of ``stages.py``.
 
     1 propose     from the task alone, at most 15 criteria (cached per task)   1 call
     2 augment     per rollout, at most 10 criteria only execution reveals      G calls, parallel
@@ -28,31 +29,21 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from draco_gym.reward.answers import (
-    TITLE_WORDS,
-    answer_schema,
-    check_augmented,
-    check_merged,
-    check_proposed,
-    normalize_title,
-    parse_answer,
-)
+from draco_gym.reward import stages
+from draco_gym.reward.answers import normalize_title
 from draco_gym.reward.base import REWARDS, RubricReward, check_group, finalize_group, zero_group
-from draco_gym.reward.client import JudgeClient, StageFailed, UsageMeter, as_client
-from draco_gym.reward.judging import JudgingMode, TrajectoryJudging
-from draco_gym.reward.render import criteria_json, render_task, stage_messages
+from draco_gym.reward.judge_client import JudgeClient, StageFailed, UsageMeter, as_client
+from draco_gym.reward.render import render_task
+from draco_gym.reward.stages import SELF_JUDGE_SAMPLES, JudgingMode, View
 from draco_gym.types import Criterion, GroupScore, Task, Trajectory
-
-SELF_JUDGE_SAMPLES = 3
-"""The self-judge scores k = 3 times; a criterion passes only if all three pass."""
-
 
 @REWARDS.register("dynamic")
 class DynamicRubricReward(RubricReward):
     """DRACO's reward (see the module docstring).
 
-    judge          a Judge, a JudgeClient, or a dict for ``build_judge``
-                   (``{"name": "openai", "model": "...", "base_url": "..."}``)
+    judge          a Judge, a JudgeClient, a dict for ``build_judge``
+                   (``{"name": "openai", "model": "...", "base_url": "..."}``) or a
+                   function ``fn(messages) -> text``
     mode           "separate" (paper, default) or "fused" (score and cite in one call)
     self_judge     the judge is the policy itself: score k = 3 times, pass only if all pass
     score_samples  k, when set explicitly
@@ -91,16 +82,14 @@ class DynamicRubricReward(RubricReward):
         for name, value in (("max_proposed", max_proposed), ("max_augmented", max_augmented), ("max_criteria", max_criteria)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if mode not in stages.MODES:
+            raise ValueError(f"mode must be one of {stages.MODES}, got {mode!r}")
+        self.samples = score_samples if score_samples is not None else (SELF_JUDGE_SAMPLES if self_judge else 1)
+        if self.samples < 1:
+            raise ValueError(f"score_samples must be >= 1, got {self.samples}")
         self.client: JudgeClient = as_client(judge, **settings)
-        samples = score_samples if score_samples is not None else (SELF_JUDGE_SAMPLES if self_judge else 1)
-        self.judging = TrajectoryJudging(
-            self.client,
-            mode=mode,
-            samples=samples,
-            max_message_chars=max_message_chars,
-            max_observation_chars=max_observation_chars,
-            max_trajectory_chars=max_trajectory_chars,
-        )
+        self.mode = mode
+        self.view = View(max_message_chars, max_observation_chars, max_trajectory_chars)
         self.max_proposed, self.max_augmented, self.max_criteria = max_proposed, max_augmented, max_criteria
         self.dropout = dropout
         self.merge_observation_chars = merge_observation_chars
@@ -108,109 +97,68 @@ class DynamicRubricReward(RubricReward):
         self.max_prompt_chars = max_prompt_chars
         self._proposals: OrderedDict[str, list[Criterion]] = OrderedDict()
 
-    @property
-    def mode(self) -> str:
-        return self.judging.mode
-
-    # -- the pipeline ----------------------------------------------------------------------
-
     async def ascore_group(self, task: Task, trajectories: Sequence[Trajectory]) -> GroupScore:
         trajectories = check_group(task, trajectories)
-        meter, fallbacks = UsageMeter(), []
+        client, meter, fallbacks = self.client, UsageMeter(), []
         task_text = render_task(task.instruction, task.agent_prompt, self.max_prompt_chars)
 
         proposed = await self._propose(task, task_text, meter, fallbacks)
-        added = await asyncio.gather(
-            *(self._augment(task_text, proposed, t, i, meter, fallbacks) for i, t in enumerate(trajectories))
-        )
-        criteria = await self._merge(task_text, proposed, list(added), trajectories, meter, fallbacks)
+        added = await asyncio.gather(*(self._augment(task_text, proposed, t, i, meter, fallbacks)
+                                       for i, t in enumerate(trajectories)))
+        criteria = await self._merge(task_text, [*proposed, *(c for extra in added for c in extra)], trajectories,
+                                     meter, fallbacks)
         if not criteria:
             return zero_group(len(trajectories), "group: no criteria to score against; every reward set to 0",
                               usage=meter.stages, fallbacks=fallbacks)
-        verdicts = await self.judging.judge_group(task_text, criteria, trajectories, meter, fallbacks)
+        verdicts = await stages.final_verdicts(client, meter, fallbacks, task_text, criteria, trajectories,
+                                               view=self.view, mode=self.mode, samples=self.samples)
         if verdicts is None:
             return zero_group(len(trajectories), "group: a rollout could not be scored; every reward set to 0",
                               usage=meter.stages, fallbacks=fallbacks)
         return finalize_group(criteria, verdicts, usage=meter.stages, fallbacks=fallbacks, dropout=self.dropout)
 
     async def _propose(self, task: Task, task_text: str, meter: UsageMeter, fallbacks: list[str]) -> list[Criterion]:
+        """Stage 1, cached per task; on failure the static rubric stands in."""
         key = _task_key(task)
         if key in self._proposals:
             self._proposals.move_to_end(key)
             meter.book("propose", cache_hits=1)
             return self._proposals[key]
-        messages = stage_messages("propose", task=task_text, limit=self.max_proposed, title_words=TITLE_WORDS)
-        schema = answer_schema("propose", max_items=self.max_proposed)
-        check = lambda text: check_proposed(parse_answer("propose", text), self.max_proposed)  # noqa: E731
-        with meter.timed("propose"):
-            try:
-                proposed = await self.client.ask("propose", messages, schema, check, meter)
-            except StageFailed as exc:
-                from draco_gym.reward.static import STATIC_CRITERIA
+        try:
+            proposed = await stages.propose(self.client, meter, task_text, limit=self.max_proposed)
+        except StageFailed as exc:
+            from draco_gym.reward.static import STATIC_CRITERIA
 
-                fallbacks.append(f"propose: {exc.reason}; used the static rubric instead")
-                return list(STATIC_CRITERIA)
+            fallbacks.append(f"propose: {exc.reason}; used the static rubric instead")
+            return list(STATIC_CRITERIA)
         self._proposals[key] = proposed
         while len(self._proposals) > 4096:
             self._proposals.popitem(last=False)
         return proposed
 
-    async def _augment(
-        self, task_text: str, proposed: list[Criterion], trajectory: Trajectory, index: int, meter: UsageMeter, fallbacks: list[str]
-    ) -> list[Criterion]:
-        messages = stage_messages(
-            "augment",
-            task=task_text,
-            criteria=criteria_json(proposed),
-            trajectory=self.judging.render(trajectory),
-            limit=self.max_augmented,
-            title_words=TITLE_WORDS,
-        )
-        schema = answer_schema("augment", max_items=self.max_augmented)
-        check = lambda text: check_augmented(parse_answer("augment", text), proposed, self.max_augmented)  # noqa: E731
-        with meter.timed("augment"):
-            try:
-                return await self.client.ask("augment", messages, schema, check, meter)
-            except StageFailed as exc:
-                fallbacks.append(f"augment[{index + 1}]: {exc.reason}; added nothing from this rollout")
-                return []
+    async def _augment(self, task_text: str, proposed: list[Criterion], trajectory: Trajectory, index: int,
+                       meter: UsageMeter, fallbacks: list[str]) -> list[Criterion]:
+        """Stage 2 for one rollout; on failure nothing is added from it."""
+        try:
+            return await stages.augment(self.client, meter, task_text, proposed, self.view.render(trajectory),
+                                        limit=self.max_augmented)
+        except StageFailed as exc:
+            fallbacks.append(f"augment[{index + 1}]: {exc.reason}; added nothing from this rollout")
+            return []
 
-    async def _merge(
-        self,
-        task_text: str,
-        proposed: list[Criterion],
-        added: list[list[Criterion]],
-        trajectories: list[Trajectory],
-        meter: UsageMeter,
-        fallbacks: list[str],
-    ) -> list[Criterion]:
-        candidates = [*proposed, *(c for extra in added for c in extra)]
-        rendered = [
-            self.judging.render(
-                t, label=f"attempt {i + 1}", observation_chars=self.merge_observation_chars, max_chars=self.merge_trajectory_chars
+    async def _merge(self, task_text: str, candidates: list[Criterion], trajectories: list[Trajectory],
+                     meter: UsageMeter, fallbacks: list[str]) -> list[Criterion]:
+        """Stage 3; on failure the de-duplicated union of the candidates, proposed first."""
+        rollouts = [self.view.render(t, label=f"attempt {i + 1}", observation_chars=self.merge_observation_chars,
+                                     max_chars=self.merge_trajectory_chars) for i, t in enumerate(trajectories)]
+        try:
+            return await stages.merge(self.client, meter, task_text, candidates, rollouts, limit=self.max_criteria)
+        except StageFailed as exc:
+            union = _dedupe(candidates)[: self.max_criteria]
+            fallbacks.append(
+                f"merge: {exc.reason}; used the de-duplicated union of {len(candidates)} candidates ({len(union)} kept)"
             )
-            for i, t in enumerate(trajectories)
-        ]
-        messages = stage_messages(
-            "merge",
-            task=task_text,
-            criteria=criteria_json(candidates, with_evidence=True),
-            trajectories=rendered,
-            n_rollouts=len(trajectories),
-            limit=self.max_criteria,
-            title_words=TITLE_WORDS,
-        )
-        schema = answer_schema("merge", max_items=self.max_criteria)
-        check = lambda text: check_merged(parse_answer("merge", text), self.max_criteria)  # noqa: E731
-        with meter.timed("merge"):
-            try:
-                return await self.client.ask("merge", messages, schema, check, meter)
-            except StageFailed as exc:
-                union = _dedupe(candidates)[: self.max_criteria]
-                fallbacks.append(
-                    f"merge: {exc.reason}; used the de-duplicated union of {len(candidates)} candidates ({len(union)} kept)"
-                )
-                return union
+            return union
 
 
 def _dedupe(criteria: list[Criterion]) -> list[Criterion]:

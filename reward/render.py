@@ -16,6 +16,7 @@ from pathlib import Path
 
 import jinja2
 
+from draco_gym.text import truncate_middle
 from draco_gym.types import Criterion, Trajectory, Verdict
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
@@ -25,15 +26,6 @@ _ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
 
 def escape(text: str) -> str:
     return str(text).translate(_ESCAPES)
-
-
-def truncate_middle(text: str, limit: int) -> str:
-    if limit <= 0 or len(text) <= limit:
-        return text
-    marker = "\n[... {} characters omitted ...]\n"
-    room = max(limit - len(marker.format(len(text))), 0)
-    head, tail = room - room // 3, room // 3
-    return text[:head] + marker.format(len(text) - head - tail) + (text[-tail:] if tail else "")
 
 
 def render_task(task_instruction: str, agent_prompt: str = "", max_prompt_chars: int = 3000) -> str:

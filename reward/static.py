@@ -4,7 +4,8 @@ The criteria are ours, written to cover the behaviour families DRACO's static ru
 covers (protecting secrets, stopping after completion, fetching complete data, completing
 the task properly, computing from live data, handling time, authenticating, recovering
 from failures, using valid API calls). Stages 4-7 run as in the dynamic reward: score,
-attribute (or fused), discriminative dropout, R_i. A group costs 2G calls (G fused).
+attribute (or fused), discriminative dropout, R_i: the same stages as the dynamic reward
+(``stages.final_verdicts``) without the rubric-writing ones. A group costs 2G calls (G fused).
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from draco_gym.reward import stages
 from draco_gym.reward.answers import normalize_title
 from draco_gym.reward.base import REWARDS, RubricReward, check_group, finalize_group, zero_group
-from draco_gym.reward.client import JudgeClient, UsageMeter, as_client
-from draco_gym.reward.judging import JudgingMode, TrajectoryJudging
+from draco_gym.reward.judge_client import JudgeClient, UsageMeter, as_client
 from draco_gym.reward.render import render_task
+from draco_gym.reward.stages import SELF_JUDGE_SAMPLES, JudgingMode, View
 from draco_gym.types import Criterion, GroupScore, Task, Trajectory
 
 
@@ -114,12 +116,13 @@ class StaticRubricReward(RubricReward):
         titles = [normalize_title(c.title) for c in self.criteria]
         if len(set(titles)) != len(titles):
             raise ValueError("static criteria titles must be unique")
-        samples = score_samples if score_samples is not None else (3 if self_judge else 1)
-        self.judging = TrajectoryJudging(
-            self.client, mode=mode, samples=samples,
-            max_message_chars=max_message_chars, max_observation_chars=max_observation_chars,
-            max_trajectory_chars=max_trajectory_chars,
-        )
+        if mode not in stages.MODES:
+            raise ValueError(f"mode must be one of {stages.MODES}, got {mode!r}")
+        self.samples = score_samples if score_samples is not None else (SELF_JUDGE_SAMPLES if self_judge else 1)
+        if self.samples < 1:
+            raise ValueError(f"score_samples must be >= 1, got {self.samples}")
+        self.mode = mode
+        self.view = View(max_message_chars, max_observation_chars, max_trajectory_chars)
         self.dropout = dropout
         self.max_prompt_chars = max_prompt_chars
 
@@ -127,7 +130,8 @@ class StaticRubricReward(RubricReward):
         trajectories = check_group(task, trajectories)
         meter, fallbacks = UsageMeter(), []
         task_text = render_task(task.instruction, task.agent_prompt, self.max_prompt_chars)
-        verdicts = await self.judging.judge_group(task_text, self.criteria, trajectories, meter, fallbacks)
+        verdicts = await stages.final_verdicts(self.client, meter, fallbacks, task_text, self.criteria, trajectories,
+                                               view=self.view, mode=self.mode, samples=self.samples)
         if verdicts is None:
             return zero_group(len(trajectories), "group: a rollout could not be scored; every reward set to 0",
                               usage=meter.stages, fallbacks=fallbacks)

@@ -254,33 +254,35 @@ def test_advantages_land_on_exactly_their_steps_tokens(tiny, env):
 
 
 def test_micro_batches_give_the_full_batch_gradient(tiny, env):
-    """Gradient accumulation over micro-batches equals one pass over the minibatch."""
+    """Gradient accumulation over micro-batches equals one pass over the minibatch: the
+    learner's own update (``GRPOTorchLearner._update``), once with the whole minibatch in
+    one micro-batch and once with one trajectory per micro-batch."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from draco_gym.algos.grpo import GRPOConfig
+    from draco_gym.envs.base import text_space
+
     path, _ = tiny
     trajs, score = _group(tiny, env)
     credited = apply_credit([{"task_id": "t", "trajectories": trajs, "score": score}], get_credit_rule("draco"))
-    rows, token_adv = credited.trajectories, credited.token_advantages
-    batch = {k: torch.as_tensor(v) for k, v in token_batch(rows, token_adv, pad_id=0).items()}
-    n_tokens = int(batch["policy_mask"][:, 1:].sum())
-    cfg = LossConfig(kl_coeff=0.05)
+    batch = {k: torch.as_tensor(v) for k, v in token_batch(credited.trajectories, credited.token_advantages,
+                                                           pad_id=0).items()}
 
-    def grads(budget):
-        module = make_module(path)
+    def grads(micro_batch_tokens):
+        config = (GRPOConfig().environment("draco_gym/PythonTools-v0")
+                  .policy(model=str(path), lora={"r": 4, "alpha": 8})
+                  .training(micro_batch_tokens=micro_batch_tokens, grad_clip=None, kl_coeff=0.05))
+        learner = config.build_learner(spaces={DEFAULT_MODULE_ID: (text_space(), text_space())})
+        module = learner.module[DEFAULT_MODULE_ID]
         with torch.no_grad():  # move off LoRA's zero start so the KL term has a gradient too
             for name, p in module.lm.named_parameters():
                 if "lora_B" in name:
                     p.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
-        parts = micro_batches(batch, budget)
-        for micro in parts:
-            mask = micro["policy_mask"][:, 1:].bool()
-            fwd = module.forward_train(micro)
-            loss, _ = grpo_loss(fwd["logp"], micro["old_logp"][:, 1:][mask], fwd["ref_logp"],
-                                micro["advantages"][:, 1:][mask], n_tokens, cfg)
-            loss.backward()
-        return len(parts), [p.grad.clone() for p in module.lm.parameters() if p.requires_grad]
+        learner._update({DEFAULT_MODULE_ID: batch})
+        return [p.grad.clone() for p in module.lm.parameters() if p.requires_grad]
 
-    n_one, whole = grads(10**9)
-    n_many, split = grads(1)
-    assert n_one == 1 and n_many == len(rows)
+    assert len(micro_batches(batch, 16)) == len(trajs)  # the small budget really splits the minibatch
+    whole, split = grads(10**9), grads(16)
     assert any(g.abs().sum() > 0 for g in whole)
     for a, b in zip(whole, split):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)

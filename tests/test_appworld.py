@@ -33,7 +33,7 @@ def source():
 
 @pytest.fixture()
 def env(source):
-    environment = AppWorldEnv("train", data_root=source.data_dir, step_timeout_s=5, show_progress=False)
+    environment = AppWorldEnv("train", data_root=source.data_dir, step_timeout_s=30, show_progress=False)
     yield environment
     environment.close()
 

@@ -115,7 +115,7 @@ def test_proposer_repairs_then_accepts():
     segment, reason = proposer(_traj(6, True), 4)
     assert segment == Segment(2, 3) and reason == "repaired"
     # each repair quotes what was wrong
-    assert "no JSON object" in judge.seen[1][0][-1]["content"]
+    assert "not valid JSON" in judge.seen[1][0][-1]["content"]
     assert "reaches the final step 6" in judge.seen[2][0][-1]["content"]
     assert proposer.usage["calls"] == 3 and proposer.usage["prompt_tokens"] == 300
 
@@ -123,14 +123,16 @@ def test_proposer_repairs_then_accepts():
 def test_proposer_gives_up_after_bounded_repairs():
     proposer = JudgeSegmentProposer(ScriptedJudge(['{"start": 9, "end": 9}'] * 3), max_repairs=1)
     segment, reason = proposer(_traj(4, True), 4)
-    assert segment is None and reason.startswith("invalid after 1 repairs")
+    assert segment is None and reason.startswith("invalid answer after 1 repairs")
+    assert "reaches the final step 4" in reason
 
 
 def test_proposer_survives_a_judge_outage_and_runs_inside_an_event_loop():
     def down(messages):
         raise TimeoutError("judge timed out")
 
-    assert JudgeSegmentProposer(down)(_traj(3, True), 4) == (None, "judge error: TimeoutError: judge timed out")
+    assert JudgeSegmentProposer(down, retries=0)(_traj(3, True), 4) == (
+        None, "judge unavailable after 1 attempts: TimeoutError: judge timed out")
 
     async def inside_loop():  # the trainer may call credit from async code
         return JudgeSegmentProposer(ScriptedJudge(['{"start": 1, "end": 2}']))(_traj(3, True), 4)

@@ -1,4 +1,4 @@
-"""The seed credit rules inside the real RLlib trainer (slow): one iteration each of TRCA and
+"""The trace, trca and prover credit rules inside the real RLlib trainer (slow): one iteration each of TRCA and
 TRACE on PythonTools with a tiny random Llama, and ProVer's continuations run on a real env
 runner actor from a restored PythonTools prefix."""
 

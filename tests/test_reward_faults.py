@@ -7,7 +7,7 @@ import math
 
 import pytest
 from judge_server import JudgeServer, ScriptedJudge
-from reward_fixtures import EXPECTED_REWARDS, P1, P2, P3, SURVIVORS, T1, TASK, X, assert_hand_computed, group, script
+from reward_fixtures import EXPECTED_REWARDS, P1, P2, P3, T1, TASK, X, assert_hand_computed, group, script
 
 from draco_gym.reward import DynamicRubricReward, OpenAIJudge
 
@@ -57,7 +57,7 @@ TRANSIENT = [
 def test_transport_faults_are_retried(fault, stage, marker, times):
     with JudgeServer(ScriptedJudge(script()), slow_s=0.2, retry_after_s=0.05) as server:
         server.inject(fault, stage=stage, marker=marker, times=times)
-        result = reward_for(server, request_timeout_s=1.0).score_group(TASK, group())
+        result = reward_for(server, request_timeout_s=3.0).score_group(TASK, group())
     assert result.fallbacks == []
     assert_hand_computed(result)
     assert sum(r.fault == fault for r in server.requests) == times
@@ -93,14 +93,26 @@ def test_failed_attribution_keeps_stage4_verdicts_uncited():
 
 
 def test_failed_proposal_falls_back_to_the_static_rubric():
-    with JudgeServer(ScriptedJudge(script())) as server:
+    from draco_gym.reward import STATIC_CRITERIA
+
+    scripted, seen = ScriptedJudge(script()), []
+
+    def judge(request):
+        seen.append(request)
+        return scripted(request)
+
+    with JudgeServer(judge) as server:
         server.inject("malformed_json", stage="propose", times=100)
         result = reward_for(server, max_repairs=0).score_group(TASK, group())
     assert len(result.fallbacks) == 1 and result.fallbacks[0].startswith("propose: ")
     assert "static rubric" in result.fallbacks[0]
     assert_hand_computed(result)  # the scripted merge still decides the final rubric
-    augment_request = next(r for r in server.requests if r.stage == "augment")
-    assert augment_request is not None
+    # the effect: augment and merge worked from the static rubric in place of a proposal
+    later = [r for r in seen if r.stage in ("augment", "merge")]
+    assert len(later) == 4  # 3 augment + 1 merge
+    for request in later:
+        assert all(c.title in request.data for c in STATIC_CRITERIA)
+        assert P1 not in request.data.split("<trajectory")[0]  # no proposed criterion reached them
 
 
 def test_unavailable_augment_adds_nothing_from_that_rollout():
@@ -123,9 +135,10 @@ def test_failed_merge_uses_the_deduplicated_union():
 
 
 def test_a_judge_that_hangs_hits_the_deadline_and_falls_back():
-    with JudgeServer(ScriptedJudge(script()), hang_s=5) as server:
+    # 2 s per request: a loaded 2-core machine still answers every other request in time
+    with JudgeServer(ScriptedJudge(script()), hang_s=10) as server:
         server.inject("hang", stage="attribute", marker="ROLL-A", times=100)
-        result = reward_for(server, request_timeout_s=0.3, max_retries=0, retries=1).score_group(TASK, group())
+        result = reward_for(server, request_timeout_s=2.0, max_retries=0, retries=1).score_group(TASK, group())
     assert len(result.fallbacks) == 1 and result.fallbacks[0].startswith("attribute[1]: judge unavailable")
     assert "APITimeoutError" in result.fallbacks[0]
     assert math.isclose(result.rewards[2], EXPECTED_REWARDS[2])
@@ -146,7 +159,3 @@ def test_thirty_percent_faults_end_scored_or_explicit():
                 outcomes.append("scored")
     assert sum(r.fault is not None for r in server.requests) > 0
     assert "scored" in outcomes
-
-
-def test_survivors_constant_is_consistent():
-    assert SURVIVORS == [P1, P2, P3, T1]

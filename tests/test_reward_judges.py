@@ -180,7 +180,7 @@ def test_import_does_not_load_heavy_frameworks():
 
 
 def test_registries_and_builders():
-    assert REWARDS.names() == ["dynamic", "outcome", "rule", "static"]
+    assert REWARDS.names() == ["dynamic", "outcome", "rule", "static", "weighted"]
     assert JUDGES.names() == ["openai", "transformers"]
     assert isinstance(build_judge("openai", model="m", base_url="http://127.0.0.1:9/v1"), OpenAIJudge)
     with pytest.raises(KeyError, match="Did you mean 'dynamic'"):
@@ -240,7 +240,7 @@ def test_agent_text_cannot_close_the_data_elements():
     text = render_trajectory(traj, max_observation_chars=500)
     assert text.count("</trajectory>") == 1 and text.count("<step ") == 1 and text.count("</agent>") == 1
     assert "&lt;/trajectory&gt;" in text
-    assert "characters omitted" in text and len(text) < 1500
+    assert "characters truncated" in text and len(text) < 1500
 
 
 def test_long_rollouts_fit_the_budget_and_keep_every_step_number():
@@ -248,16 +248,16 @@ def test_long_rollouts_fit_the_budget_and_keep_every_step_number():
     text = render_trajectory(Trajectory(task=TASK, steps=steps), max_chars=20_000)
     assert len(text) <= 22_000
     assert all(f'<step n="{j}">' in text for j in range(1, 51))
-    assert text.count("characters omitted") == 100
+    assert text.count("characters truncated") == 100
 
 
 def test_options_as_yaml_configs_write_them():
     judge = {"name": "openai", "model": "gpt-5.4", "api_key_env": "OPENAI_API_KEY"}
     dynamic = build_reward("dynamic", judge=judge, mode="separate", temperature=0.1, prices={"gpt-5.4": [1.25, 10.0]})
-    assert dynamic.client.settings.temperature == 0.1 and dynamic.judging.samples == 1
+    assert dynamic.client.settings.temperature == 0.1 and dynamic.samples == 1
     assert dynamic.client.prices["gpt-5.4"].cost(1_000_000, 100_000) == pytest.approx(2.25)
-    assert build_reward("dynamic", judge=EchoJudge(), self_judge=True, mode="fused").judging.samples == 3
+    assert build_reward("dynamic", judge=EchoJudge(), self_judge=True, mode="fused").samples == 3
     assert build_reward("static", judge=judge, temperature=0.1).criteria
     assert build_reward("outcome", metric="success").metric == "success"
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="temprature"):
         build_reward("dynamic", judge=judge, temprature=0.1)  # a misspelt option is an error, not ignored

@@ -62,7 +62,7 @@ def test_transition_items_by_hand():
 def test_item_scores_and_foundational_rewards():
     assert item_score("evidence", "observes_output") == pytest.approx(1 / 3)
     assert item_score("invalidity", "repeats_action") == pytest.approx(-1 / 4)
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="repeats_action"):
         item_score("evidence", "repeats_action")
     expected = [4 / 3, -1 / 4, -1 / 2, -1 / 4, 4 / 3, 4 / 3, 0.0]
     assert foundational_rewards(MESSY) == pytest.approx(expected)

@@ -135,7 +135,7 @@ def test_unreachable_user_endpoint_ends_the_episode_as_env_error():
     from draco_gym.envs.tau.env import TauBenchEnv
 
     with ChatServer(["Hello, create a task please."]) as server:  # one reply, then the server is gone
-        user = LLMUser("m", base_url=server.url, max_retries=0, timeout_s=2)
+        user = LLMUser("m", base_url=server.url, max_retries=0, timeout_s=15)
         env = TauBenchEnv("tau2", "mock", task_id="create_task_1", user=user)
         env.reset(seed=0)
     _, _, terminated, _, info = env.step("Which user?")

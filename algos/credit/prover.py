@@ -29,19 +29,18 @@ around any ``policy(task, history) -> message``, for other training loops and fo
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-import json
 import logging
 import math
-import re
-import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from draco_gym.algos.credit.core import CreditRule
+from draco_gym.reward import stages
+from draco_gym.reward.base import run_sync
+from draco_gym.reward.judge_client import JudgeClient, StageFailed, UsageMeter, as_client
+from draco_gym.reward.stages import Segment, View
+from draco_gym.reward.stages import check_segment as validate_segment
 from draco_gym.types import GroupScore, Termination, Trajectory
 
 __all__ = [
@@ -62,17 +61,6 @@ log = logging.getLogger(__name__)
 ContinueFn = Callable[[str, list[str], int], Sequence[float]]
 
 
-@dataclass(frozen=True)
-class Segment:
-    """Steps ``start..end`` of a trajectory, 1-based and inclusive."""
-
-    start: int
-    end: int
-
-    def __len__(self) -> int:
-        return self.end - self.start + 1
-
-
 # -- the rule's arithmetic -----------------------------------------------------------------
 
 
@@ -90,23 +78,6 @@ def shortest_success(trajectories: Sequence[Trajectory], successes: Sequence[flo
     if not winners:
         raise ValueError("no successful rollout in the group")
     return min(winners, key=lambda i: (len(trajectories[i].steps), i))
-
-
-def validate_segment(start: Any, end: Any, n_steps: int, max_len: int = 4) -> Segment:
-    """The segment if it is usable; otherwise a ValueError whose message tells the judge
-    what to fix (it is sent back verbatim on repair)."""
-    for name, v in (("start", start), ("end", end)):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"{name} must be an integer step number, got {v!r}")
-    if n_steps < 2:
-        raise ValueError(f"the trajectory has {n_steps} step(s); a non-terminal segment needs at least 2")
-    if not 1 <= start <= end:
-        raise ValueError(f"need 1 <= start <= end, got start={start}, end={end}")
-    if end >= n_steps:
-        raise ValueError(f"end={end} reaches the final step {n_steps}; the segment must end before it (end <= {n_steps - 1})")
-    if end - start + 1 > max_len:
-        raise ValueError(f"the segment {start}..{end} has {end - start + 1} steps; at most {max_len} are allowed")
-    return Segment(start, end)
 
 
 def prover_delta(pre_outcomes: Sequence[float], post_outcomes: Sequence[float]) -> float:
@@ -133,142 +104,39 @@ def apply_segment_bonus(step_advantages: Sequence[float], segment: Segment, delt
 
 # -- proposing the segment -----------------------------------------------------------------
 
-PROPOSE_PROMPT = """You are reviewing a successful run of an agent that works in steps; each step runs one code block.
-Find the single most pivotal stretch of at most {max_len} consecutive steps: the steps that most made this run succeed where other runs fail.
-The stretch must end before the final step {n_steps}.
-
-Task:
-{instruction}
-
-Run (steps numbered 1..{n_steps}):
-{transcript}
-
-Answer with JSON only: {{"start": <first step>, "end": <last step>, "reason": "<one sentence>"}}"""
-
-
-def _render_steps(traj: Trajectory, max_chars: int = 1500) -> str:
-    def clip(text: str) -> str:
-        return text if len(text) <= max_chars else text[: max_chars // 2] + " [...] " + text[-max_chars // 2 :]
-
-    parts = []
-    for step in traj.steps:
-        parts.append(f"<step {step.index}>\n{clip(step.text)}\n<output>\n{clip(step.observation)}\n</output>\n</step {step.index}>")
-    return "\n".join(parts)
-
-
-def _parse_segment_json(text: str) -> tuple[Any, Any]:
-    match = re.search(r"\{.*\}", text, flags=re.DOTALL)
-    if match is None:
-        raise ValueError("the answer holds no JSON object")
-    try:
-        data = json.loads(match.group(0))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"the JSON does not parse ({exc.msg})") from None
-    if not isinstance(data, dict) or "start" not in data or "end" not in data:
-        raise ValueError('the JSON must be an object with "start" and "end"')
-    return data["start"], data["end"]
-
-
-def _run_sync(value):
-    """Resolve a judge answer that may be a coroutine, from sync code, even inside a running
-    event loop (then on a helper thread)."""
-    if not inspect.isawaitable(value):
-        return value
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(_await(value))
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = asyncio.run(_await(value))
-        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-async def _await(value):
-    return await value
-
-
-def _answer_text(answer: Any) -> str:
-    if isinstance(answer, str):
-        return answer
-    if isinstance(getattr(answer, "text", None), str):
-        return answer.text
-    raise TypeError(f"the judge returned {type(answer).__name__}; expected text or an object with .text")
-
-
-SEGMENT_SCHEMA = {
-    "type": "object",
-    "properties": {"start": {"type": "integer"}, "end": {"type": "integer"}, "reason": {"type": "string"}},
-    "required": ["start", "end"],
-}
-
 
 class JudgeSegmentProposer:
-    """Asks a judge for the pivotal segment; on an invalid answer, tells it what was wrong and
-    asks again, at most ``max_repairs`` times. Returns (segment or None, reason).
+    """Asks a judge for the pivotal segment through the reward layer's ``segment`` stage
+    (its judge client shows the judge an invalid answer's errors and asks again, at most
+    ``max_repairs`` times). Returns (segment or None, reason); ``usage`` adds up calls and
+    billed tokens.
 
-    ``judge`` is the reward layer's ``Judge`` (an object with ``async complete(messages, *,
-    schema, schema_name, temperature, max_tokens, sample)``) or any callable
-    ``judge(messages) -> text`` (sync or async). ``usage`` adds up calls and billed tokens.
+    ``judge`` is a reward-layer ``Judge``, a ``JudgeClient``, a config dict
+    (``{"name": "openai", ...}``) or any function ``judge(messages) -> text`` (sync or async).
     """
 
     def __init__(self, judge: Any, *, max_repairs: int = 2, max_step_chars: int = 1500,
-                 temperature: float = 0.1, max_tokens: int = 256) -> None:
+                 temperature: float = 0.1, max_tokens: int = 256, retries: int = 1) -> None:
         if isinstance(max_repairs, bool) or not isinstance(max_repairs, int) or max_repairs < 0:
             raise ValueError(f"max_repairs must be an integer >= 0, got {max_repairs!r}")
-        complete = getattr(judge, "complete", None)
-        if callable(complete):
-            def ask(messages):
-                return complete(messages, schema=SEGMENT_SCHEMA, schema_name="pivotal_segment",
-                                temperature=temperature, max_tokens=max_tokens, sample=0)
-        elif callable(judge):
-            ask = judge
-        else:
-            raise ValueError("judge must have an async complete(messages, ...) method or be callable(messages) -> text")
-        self._ask = ask
-        self.max_repairs = max_repairs
-        self.max_step_chars = max_step_chars
+        settings = {} if isinstance(judge, JudgeClient) else {
+            "max_repairs": max_repairs, "temperature": temperature, "max_tokens": max_tokens, "retries": retries}
+        self.client = as_client(judge, **settings)
+        self.view = View(max_step_chars, max_step_chars, 60_000)
         self.usage: Counter[str] = Counter()
 
     def __call__(self, traj: Trajectory, max_len: int) -> tuple[Segment | None, str]:
-        prompt = PROPOSE_PROMPT.format(
-            max_len=max_len,
-            n_steps=len(traj.steps),
-            instruction=traj.task.instruction,
-            transcript=_render_steps(traj, self.max_step_chars),
-        )
-        messages = [{"role": "user", "content": prompt}]
-        error = ""
-        for attempt in range(self.max_repairs + 1):
-            try:
-                reply = _run_sync(self._ask(messages))
-            except Exception as exc:  # noqa: BLE001 - a judge outage costs this group its bonus, not the run
-                self.usage["errors"] += 1
-                return None, f"judge error: {type(exc).__name__}: {exc}"
-            self.usage["calls"] += 1
-            self.usage["prompt_tokens"] += int(getattr(reply, "prompt_tokens", 0) or 0)
-            self.usage["completion_tokens"] += int(getattr(reply, "completion_tokens", 0) or 0)
-            text = _answer_text(reply)
-            try:
-                start, end = _parse_segment_json(text)
-                return validate_segment(start, end, len(traj.steps), max_len), "repaired" if attempt else "ok"
-            except ValueError as exc:
-                error = str(exc)
-            messages = messages + [
-                {"role": "assistant", "content": text},
-                {"role": "user", "content": f"That answer is not usable: {error}. Reply with corrected JSON only."},
-            ]
-        return None, f"invalid after {self.max_repairs} repairs: {error}"
+        meter = UsageMeter()
+        try:
+            segment = run_sync(stages.segment(self.client, meter, traj, max_len=max_len, view=self.view))
+            reason = "repaired" if meter.stages["segment"].calls > 1 else "ok"
+        except StageFailed as exc:
+            segment, reason = None, exc.reason
+        used = meter.stages.get("segment")
+        if used is not None:
+            self.usage.update(calls=used.calls, prompt_tokens=used.prompt_tokens,
+                              completion_tokens=used.completion_tokens)
+        return segment, reason
 
 
 # -- the rule ------------------------------------------------------------------------------

@@ -63,8 +63,29 @@ ENDINGS = {
 
 
 class AppWorldEnv(CodeStepEnv):
-    """AppWorld as a Gymnasium environment (see the module docstring).
+    """AppWorld on the real engine; one step is one assistant message whose code block runs
+    in the task's world (see the module docstring for recovery and restore).
 
+    ## Action space
+    ``UnicodeText``: the assistant message. Its one ```` ```python ```` block (or
+    ``<code>...</code>``) runs; several blocks follow ``multi_block``.
+
+    ## Observation space
+    ``UnicodeText``: at reset the agent prompt (instructions, the supervisor, the task);
+    after a step the block's printed output, its error, or a parse error, cut in the middle
+    to ``max_observation_chars``.
+
+    ## Rewards
+    Always 0: rewards come from the rubric layer. The engine's evaluation (``tests_passed``,
+    ``tests_total``, ``success``) is in ``info["metrics"]`` at the end.
+
+    ## Episode end
+    Terminated: ``no_code`` (a message without code, under ``end_rule="no_code"``),
+    ``submitted`` (``complete_task`` under ``end_rule="task_completed"``), ``env_error``
+    (the engine could not be recovered). Truncated: ``max_turns`` messages.
+    ``info["trajectory"]`` holds the episode at its end.
+
+    ## Arguments
     ``split`` and ``task_id`` choose the task at reset (``options={"task_id": ...}``
     overrides both; without either, a task of the split is drawn with the reset seed).
     ``data_root`` points at a real AppWorld data folder; without it (and without
@@ -74,6 +95,11 @@ class AppWorldEnv(CodeStepEnv):
     ``"bwrap"``, ``"guard"``; see ``draco_gym.envs.os_sandbox``) is the OS boundary around
     the engine servers, resolved here: ``"bwrap"`` raises when bubblewrap cannot run. A
     ``pool`` given brings its own.
+    ``end_rule``, ``max_turns``, ``max_observation_chars``, ``multi_block``, ``languages``,
+    ``render_mode`` ("ansi") as in ``CodeStepEnv``.
+
+    ## Version history
+    - v0: the initial version.
     """
 
     can_restore = True

@@ -29,6 +29,7 @@ import random
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from textwrap import dedent
 
@@ -213,7 +214,7 @@ def _filler(rng: random.Random) -> str:
 
 
 @dataclass
-class TaskSpec:
+class Variant:
     """One task: what the supervisor asks, how it is judged, and how to solve it."""
 
     instruction: str
@@ -232,7 +233,7 @@ class Scenario:
     apps: list[str]
     requirements: list[str]
     evaluation: str  # body of evaluate(); `p` holds the task's params
-    variants: list[TaskSpec] = field(default_factory=list)
+    variants: list[Variant] = field(default_factory=list)
 
 
 LOGIN = dedent("""
@@ -278,30 +279,52 @@ QUESTION_EVAL = dedent("""
 QUESTION_REQS = ["the answer given matches the correct answer", "no data in any app was changed"]
 
 
+# The scenarios, in build order (the order also fixes the draws from the shared rng, so the
+# same seed writes the same suite). Each takes the world and the rng and returns its
+# Scenario with three variants.
+SCENARIOS: list[Callable[[World, random.Random], Scenario]] = []
+
+
+def scenario(make: Callable[[World, random.Random], Scenario]) -> Callable[[World, random.Random], Scenario]:
+    SCENARIOS.append(make)
+    return make
+
+
+ORDINALS = ["first", "second", "third", "fourth", "fifth"]
+
+
+def question(name: str, difficulty: int, apps: list[str], variants: list[Variant]) -> Scenario:
+    return Scenario(name, "question", difficulty, apps, QUESTION_REQS, QUESTION_EVAL, variants)
+
+
+def complete(answer_expr: str | None = None) -> str:
+    return f"apis.supervisor.complete_task(answer={answer_expr})" if answer_expr else "apis.supervisor.complete_task()"
+
+
 def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
-    scenarios: list[Scenario] = []
-    people = world.people
-    ordinals = ["first", "second", "third", "fourth", "fifth"]
+    return [make(world, rng) for make in SCENARIOS]
 
-    def question(name, difficulty, apps, variants):
-        scenarios.append(Scenario(name, "question", difficulty, apps, QUESTION_REQS, QUESTION_EVAL, variants))
 
-    def complete(answer_expr: str | None = None) -> str:
-        return f"apis.supervisor.complete_task(answer={answer_expr})" if answer_expr else "apis.supervisor.complete_task()"
+# -- questions ------------------------------------------------------------------------------
 
-    # -- questions ------------------------------------------------------------------------
+
+@scenario
+def notes_tag_count(world: World, rng: random.Random) -> Scenario:
     variants = []
     for tag in ["work", "recipe", "travel"]:
         n = sum(tag in note["tags"] for note in world.notes)
         search = f'apis.simple_note.search_notes(access_token=simple_note_token, tags=["{tag}"])'
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"How many notes in my Simple Note account are tagged '{tag}'?", n, {},
             [LOGIN + "\n" + login("simple_note"), paged("notes", search) + "\nprint(len(notes))", complete("len(notes)")],
             [LOGIN + "\n" + login("simple_note"), first_page("notes", search), complete("len(notes)")],
             QUESTION_REQS[0],
         ))
-    question("notes-tag-count", 1, ["simple_note"], variants)
+    return question("notes-tag-count", 1, ["simple_note"], variants)
 
+
+@scenario
+def note_list_item(world: World, rng: random.Random) -> Scenario:
     variants = []
     for title, k in [("Books to read", 3), ("Groceries", 5), ("Movies to watch", 2)]:
         item = LIST_NOTES[title][k - 1]
@@ -311,32 +334,39 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
             lines = apis.simple_note.show_note(access_token=simple_note_token, note_id=note_id)["content"].splitlines()
             print(lines)
         """).strip()
-        variants.append(TaskSpec(
-            f"What is the {ordinals[k - 1]} item on my '{title}' list in Simple Note?", item, {},
+        variants.append(Variant(
+            f"What is the {ORDINALS[k - 1]} item on my '{title}' list in Simple Note?", item, {},
             [LOGIN + "\n" + login("simple_note"), find, complete(f"lines[{k - 1}]")],
             [LOGIN + "\n" + login("simple_note"), find, complete(f"lines[{k}]")],
             QUESTION_REQS[0],
         ))
-    question("note-list-item", 1, ["simple_note"], variants)
+    return question("note-list-item", 1, ["simple_note"], variants)
 
+
+@scenario
+def contacts_relationship_count(world: World, rng: random.Random) -> Scenario:
     variants = []
     for relationship in ["friend", "coworker", "family"]:
         n = len(world.with_relationship(relationship))
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"How many people in my phone contacts are listed as my {relationship}?", n, {},
             [LOGIN + "\n" + login("phone"), contacts_code(relationship), complete("len(contacts)")],
             [LOGIN + "\n" + login("phone"), contacts_code(relationship, pages=False), complete("len(contacts)")],
             QUESTION_REQS[0],
         ))
-    question("contacts-relationship-count", 1, ["phone"], variants)
+    return question("contacts-relationship-count", 1, ["phone"], variants)
 
+
+@scenario
+def contact_phone_lookup(world: World, rng: random.Random) -> Scenario:
+    people = world.people
     variants = []
     for first, (relationship, _) in SHARED_FIRST_NAMES.items():
         person = next(p for p in people if p.first_name == first and relationship in p.relationships)
         pick = f'match = [c for c in contacts if c["first_name"] == "{first}"][0]\nprint(match)'
         # the wrong one finds the namesake: same first name, not the asked-for relationship
         confuse = f'match = [c for c in contacts if c["first_name"] == "{first}" and "{relationship}" not in c["relationships"]][0]\nprint(match)'
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"What is the phone number of my {relationship} {first}?", person.phone_number, {},
             [LOGIN + "\n" + login("phone"), contacts_code(relationship) + "\n" + pick, complete('match["phone_number"]')],
             [LOGIN + "\n" + login("phone"),
@@ -344,14 +374,18 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
              complete('match["phone_number"]')],
             QUESTION_REQS[0],
         ))
-    question("contact-phone-lookup", 2, ["phone"], variants)
+    return question("contact-phone-lookup", 2, ["phone"], variants)
 
+
+@scenario
+def venmo_received_from(world: World, rng: random.Random) -> Scenario:
+    people = world.people
     variants = []
     for person in people[:3]:
         received = round(sum(t["amount"] for t in world.transactions
                              if people[t["person"]] is person and t["direction"] == "received"), 2)
         base = f'apis.venmo.show_transactions(access_token=venmo_token, user_email="{person.email}"'
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"How much money in total have I received on Venmo from {person.full_name}?", received, {},
             [LOGIN + "\n" + login("venmo"), paged("transactions", base + ', direction="received")'),
              complete('round(sum(t["amount"] for t in transactions), 2)')],
@@ -359,8 +393,11 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
              complete('round(sum(t["amount"] for t in transactions), 2)')],
             QUESTION_REQS[0],
         ))
-    question("venmo-received-from", 2, ["venmo"], variants)
+    return question("venmo-received-from", 2, ["venmo"], variants)
 
+
+@scenario
+def venmo_sent_in_month(world: World, rng: random.Random) -> Scenario:
     variants = []
     for month in [2, 3, 4]:
         sent = round(sum(t["amount"] for t in world.transactions
@@ -368,7 +405,7 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
         call = (f'apis.venmo.show_transactions(access_token=venmo_token, direction="sent", '
                 f'min_created_at="2023-{month:02d}-01", max_created_at="2023-{month + 1:02d}-01")')
         keep = f'sent = [t for t in transactions if t["created_at"].startswith("2023-{month:02d}")]\nprint(len(sent))'
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"How much money did I send on Venmo in {MONTHS[month - 1]} 2023, in total?", sent, {},
             [LOGIN + "\n" + login("venmo"), paged("transactions", call) + "\n" + keep,
              complete('round(sum(t["amount"] for t in sent), 2)')],
@@ -376,20 +413,26 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
              complete('round(sum(t["amount"] for t in sent), 2)')],
             QUESTION_REQS[0],
         ))
-    question("venmo-sent-in-month", 2, ["venmo"], variants)
+    return question("venmo-sent-in-month", 2, ["venmo"], variants)
 
+
+@scenario
+def photo_count(world: World, rng: random.Random) -> Scenario:
     variants = []
     for year in [2021, 2022, 2023]:
         n = sum(path.startswith(f"photos/{year}/") for path in world.files)
         listing = f'apis.file_system.show_directory(access_token=file_system_token, directory_path="~/photos/{year}/", entry_type="{{}}", recursive=True)'
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"How many photo files do I have in the ~/photos/{year}/ folder of my file system, sub-folders included?", n, {},
             [LOGIN + "\n" + login("file_system"), "entries = " + listing.format("files") + "\nprint(entries)", complete("len(entries)")],
             [LOGIN + "\n" + login("file_system"), "entries = " + listing.format("all") + "\nprint(entries)", complete("len(entries)")],
             QUESTION_REQS[0],
         ))
-    question("photo-count", 1, ["file_system"], variants)
+    return question("photo-count", 1, ["file_system"], variants)
 
+
+@scenario
+def receipts_month_total(world: World, rng: random.Random) -> Scenario:
     variants = []
     for month in [1, 3, 5]:
         total = round(sum(float(c.split("Total: $")[1]) for path, c in world.files.items()
@@ -403,16 +446,21 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
                     total += float(content.split("Total: $")[1].split()[0])
             print(round(total, 2))
         """).strip()
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"What do my receipts in ~/receipts/ from {MONTHS[month - 1]} 2023 add up to?", total, {},
             [LOGIN + "\n" + login("file_system"), read, complete("round(total, 2)")],
             [LOGIN + "\n" + login("file_system"), read.replace(f'if "Date: 2023-{month:02d}" in content:', "if True:"),
              complete("round(total, 2)")],
             QUESTION_REQS[0],
         ))
-    question("receipts-month-total", 2, ["file_system"], variants)
+    return question("receipts-month-total", 2, ["file_system"], variants)
 
-    # -- state-changing tasks ------------------------------------------------------------
+
+# -- state-changing tasks -------------------------------------------------------------------
+
+
+@scenario
+def note_of_contacts(world: World, rng: random.Random) -> Scenario:
     reqs = ["exactly one note with the requested title was created",
             "the note lists exactly the requested contacts, one per line",
             "nothing but Simple Note notes was changed"]
@@ -435,15 +483,19 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
             content = "\\n".join(c["first_name"] + " " + c["last_name"] for c in contacts)
             print(apis.simple_note.create_note(access_token=simple_note_token, title="{title}", content=content))
         """).strip()
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"Create a note titled '{title}' in Simple Note that lists the full name of every {relationship} "
             "in my phone contacts, one per line.", None, {"title": title, "names": names},
             [LOGIN + "\n" + login("phone") + "\n" + login("simple_note"), contacts_code(relationship), write, complete()],
             [LOGIN + "\n" + login("phone") + "\n" + login("simple_note"), contacts_code(relationship, pages=False), write, complete()],
             reqs[1],
         ))
-    scenarios.append(Scenario("note-of-contacts", "action", 2, ["phone", "simple_note"], reqs, evaluation, variants))
+    return Scenario("note-of-contacts", "action", 2, ["phone", "simple_note"], reqs, evaluation, variants)
 
+
+@scenario
+def venmo_pay_contact(world: World, rng: random.Random) -> Scenario:
+    people = world.people
     reqs = ["exactly one Venmo payment was sent, to the right person",
             "the payment has the requested amount and note",
             "nothing but Venmo money movements were changed"]
@@ -471,7 +523,7 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
         pay = f'match = [c for c in contacts if c["first_name"] == "{first}"][0]\n' + send
         namesake = (f'match = [c for c in contacts if c["first_name"] == "{first}" and "{relationship}" not in c["relationships"]][0]\n'
                     + send)
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"Send ${amount:.2f} on Venmo to my {relationship} {first}, with the note '{description}'.", None,
             {"email": person.email, "amount": amount, "description": description},
             [LOGIN + "\n" + login("phone") + "\n" + login("venmo"), contacts_code(relationship), pay, complete()],
@@ -479,8 +531,11 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
              paged("contacts", f'apis.phone.search_contacts(access_token=phone_token, query="{first}")'), namesake, complete()],
             reqs[0],
         ))
-    scenarios.append(Scenario("venmo-pay-contact", "action", 2, ["phone", "venmo"], reqs, evaluation, variants))
+    return Scenario("venmo-pay-contact", "action", 2, ["phone", "venmo"], reqs, evaluation, variants)
 
+
+@scenario
+def venmo_request_group(world: World, rng: random.Random) -> Scenario:
     reqs = ["a payment request was sent to every requested contact and no one else",
             "every request has the requested amount and note",
             "nothing but Venmo payment requests and notifications were changed"]
@@ -505,15 +560,19 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
             for c in contacts:
                 print(apis.venmo.create_payment_request(access_token=venmo_token, user_email=c["email"], amount={amount}, description="{description}"))
         """).strip()
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"Request ${amount:.2f} on Venmo from each {relationship} in my phone contacts, with the note '{description}'.",
             None, {"emails": emails, "amount": amount, "description": description},
             [LOGIN + "\n" + login("phone") + "\n" + login("venmo"), contacts_code(relationship), ask, complete()],
             [LOGIN + "\n" + login("phone") + "\n" + login("venmo"), contacts_code(relationship, pages=False), ask, complete()],
             reqs[0],
         ))
-    scenarios.append(Scenario("venmo-request-group", "action", 3, ["phone", "venmo"], reqs, evaluation, variants))
+    return Scenario("venmo-request-group", "action", 3, ["phone", "venmo"], reqs, evaluation, variants)
 
+
+@scenario
+def update_contact_phone(world: World, rng: random.Random) -> Scenario:
+    people = world.people
     reqs = ["the contact's phone number was updated",
             "no contact was added or removed and no other contact changed",
             "nothing but phone contacts was changed"]
@@ -543,15 +602,18 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
             match = [c for c in contacts if c["first_name"] == "{person.first_name}" and c["last_name"] == "{person.last_name}"][0]
             print(apis.phone.add_contact(access_token=phone_token, first_name=match["first_name"], last_name=match["last_name"], email=match["email"], phone_number="{new_number}", relationships=match["relationships"]))
         """).rstrip()
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"{person.full_name} has a new phone number, {new_number}. Update their entry in my phone contacts.", None,
             {"email": person.email, "phone_number": new_number},
             [LOGIN + "\n" + login("phone"), right, complete()],
             [LOGIN + "\n" + login("phone"), wrong, complete()],
             reqs[0],
         ))
-    scenarios.append(Scenario("update-contact-phone", "action", 1, ["phone"], reqs, evaluation, variants))
+    return Scenario("update-contact-phone", "action", 1, ["phone"], reqs, evaluation, variants)
 
+
+@scenario
+def delete_tagged_notes(world: World, rng: random.Random) -> Scenario:
     reqs = ["no note with the tag is left",
             "every other note is untouched",
             "nothing but Simple Note notes was changed"]
@@ -569,14 +631,17 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
     for tag in ["books", "travel", "recipe"]:
         search = f'apis.simple_note.search_notes(access_token=simple_note_token, tags=["{tag}"])'
         delete = 'for n in notes:\n    print(apis.simple_note.delete_note(access_token=simple_note_token, note_id=n["note_id"]))'
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"Delete every note tagged '{tag}' from my Simple Note account.", None, {"tag": tag},
             [LOGIN + "\n" + login("simple_note"), paged("notes", search), delete, complete()],
             [LOGIN + "\n" + login("simple_note"), first_page("notes", search), delete, complete()],
             reqs[0],
         ))
-    scenarios.append(Scenario("delete-tagged-notes", "action", 2, ["simple_note"], reqs, evaluation, variants))
+    return Scenario("delete-tagged-notes", "action", 2, ["simple_note"], reqs, evaluation, variants)
 
+
+@scenario
+def note_to_file(world: World, rng: random.Random) -> Scenario:
     reqs = ["a file exists at the requested path",
             "the file holds the note's content",
             "nothing but files were changed"]
@@ -599,7 +664,7 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
             content = apis.simple_note.show_note(access_token=simple_note_token, note_id=note_id)["content"]
         """).strip()
         write = 'print(apis.file_system.create_file(access_token=file_system_token, file_path="{}", content=content))'
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"Copy my '{title}' note from Simple Note into a new file ~/documents/{name}.txt in my file system.", None,
             {"path": f"{world.home}documents/{name}.txt", "content": content},
             [LOGIN + "\n" + login("simple_note") + "\n" + login("file_system"), read,
@@ -608,8 +673,11 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
              write.format(f"~/{name}.txt"), complete()],
             reqs[0],
         ))
-    scenarios.append(Scenario("note-to-file", "action", 2, ["simple_note", "file_system"], reqs, evaluation, variants))
+    return Scenario("note-to-file", "action", 2, ["simple_note", "file_system"], reqs, evaluation, variants)
 
+
+@scenario
+def text_relationship(world: World, rng: random.Random) -> Scenario:
     reqs = ["every requested contact got the message and no one else",
             "each message has the requested text",
             "nothing but text messages were changed"]
@@ -631,15 +699,18 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
                                   ("friend", "Trivia night moved to Thursday!")]:
         phones = sorted(p.phone_number for p in world.with_relationship(relationship))
         send = f'for c in contacts:\n    print(apis.phone.send_text_message(access_token=phone_token, phone_number=c["phone_number"], message="{message}"))'
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"Text every {relationship} in my phone contacts: \"{message}\"", None,
             {"phones": phones, "message": message},
             [LOGIN + "\n" + login("phone"), contacts_code(relationship), send, complete()],
             [LOGIN + "\n" + login("phone"), contacts_code(relationship, pages=False), send, complete()],
             reqs[0],
         ))
-    scenarios.append(Scenario("text-relationship", "action", 2, ["phone"], reqs, evaluation, variants))
+    return Scenario("text-relationship", "action", 2, ["phone"], reqs, evaluation, variants)
 
+
+@scenario
+def file_receipts_by_month(world: World, rng: random.Random) -> Scenario:
     reqs = ["every receipt of the month is in the new folder",
             "no receipt of the month is left in ~/receipts/ itself",
             "receipts of other months are untouched"]
@@ -665,7 +736,7 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
                 if path.split("/")[-1].startswith("2023-{month:02d}"):
                     print(apis.file_system.{{}}_file(access_token=file_system_token, source_file_path=path, destination_file_path="~/receipts/{folder}/" + path.split("/")[-1]))
         """).strip()
-        variants.append(TaskSpec(
+        variants.append(Variant(
             f"Move all my receipts from {MONTHS[month - 1]} 2023 into a new folder ~/receipts/{folder}/ in my file system.",
             None, {"names": names, "source": f"{world.home}receipts/", "target": f"{world.home}receipts/{folder}/"},
             [LOGIN + "\n" + login("file_system"),
@@ -676,8 +747,7 @@ def build_scenarios(world: World, rng: random.Random) -> list[Scenario]:
              move.format("copy"), complete()],
             reqs[1],
         ))
-    scenarios.append(Scenario("file-receipts-by-month", "action", 3, ["file_system"], reqs, evaluation, variants))
-    return scenarios
+    return Scenario("file-receipts-by-month", "action", 3, ["file_system"], reqs, evaluation, variants)
 
 
 # Splits are by scenario, as in AppWorld: a test scenario's template is never seen in training.

@@ -28,9 +28,10 @@ from typing import Any
 import numpy as np
 from pettingzoo import AECEnv
 
-from draco_gym.envs.base import MAX_TEXT_CHARS, text_space, truncate_middle
+from draco_gym.envs.base import MAX_TEXT_CHARS, check_render_mode, text_space, truncate_middle
 from draco_gym.envs.tau.backends import Backend, make_backend
 from draco_gym.envs.tau.conversation import Conversation, agent_system_prompt, render_lines
+from draco_gym.types import Termination
 
 ASSISTANT, USER = "assistant", "user"
 
@@ -43,9 +44,34 @@ class TextObservation(str):
 
 
 class TauBenchAEC(AECEnv):
-    """See the module docstring. Arguments as for ``TauBenchEnv``; ``max_turns`` bounds the
-    actions of both sides together, malformed ones included; ``max_action_chars`` is the
-    action spaces' ``max_length`` (what ``sample()`` draws up to)."""
+    """The τ-bench dialogue between two agents, ``assistant`` and ``user`` (see the module
+    docstring).
+
+    ## Action spaces
+    ``UnicodeText`` per agent (``max_length`` = ``max_action_chars``): the assistant's
+    message or one tool call in a code block; the user's message (or its own tool call where
+    the domain gives the customer tools).
+
+    ## Observation spaces
+    ``UnicodeText`` per agent, observations as ``TextObservation``: on an agent's first turn
+    its system prompt and the conversation so far, then what is new to it (the other side's
+    message, its own tool result or error).
+
+    ## Rewards
+    Always 0; the benchmark's grade is in ``infos[agent]["metrics"]`` at the end.
+
+    ## Episode end
+    Terminated: ``user_stop``, ``agent_stop``, ``submitted``, ``too_many_errors``.
+    Truncated: ``max_steps`` messages of any role, or ``max_turns`` actions of both sides
+    together, malformed ones included.
+
+    ## Arguments
+    As for ``TauBenchEnv``, without a user simulator (the user is an agent here);
+    ``max_action_chars`` is the action spaces' ``max_length`` (what ``sample()`` draws up to).
+
+    ## Version history
+    - v0: the initial version.
+    """
 
     metadata = {"name": "tau_bench_aec_v0", "render_modes": ["ansi"], "is_parallelizable": False}
 
@@ -65,8 +91,7 @@ class TauBenchAEC(AECEnv):
         **backend_options: Any,
     ) -> None:
         super().__init__()
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+        check_render_mode(render_mode, self.metadata)
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.backend = backend if isinstance(backend, Backend) else make_backend(backend, domain, **backend_options)
@@ -94,11 +119,7 @@ class TauBenchAEC(AECEnv):
         if seed is not None:
             self._rng = np.random.default_rng(seed)
         # Other keys are ignored: PettingZoo's api_test passes an arbitrary options dict.
-        task_id = (options or {}).get("task_id", self.task_id)
-        if task_id is None:
-            ids = self.backend.task_ids()
-            task_id = ids[int(self._rng.integers(len(ids)))]
-        spec = self.conversation.start(self.backend.check_task(task_id))
+        spec = self.conversation.begin((options or {}).get("task_id", self.task_id), self._rng)
         self.agents = list(self.possible_agents)
         self.rewards = {a: 0.0 for a in self.agents}
         self._cumulative_rewards = {a: 0.0 for a in self.agents}
@@ -135,14 +156,9 @@ class TauBenchAEC(AECEnv):
             self._observations[other] = f"{label}: {turn.message}"
             self._last = f"[{agent}] {turn.message}"
             self.agent_selection = other
-        ending = None
-        if turn.kind == "stop":
-            kind = "submitted" if "tool_call" in turn.info else "agent_stop" if agent == ASSISTANT else "user_stop"
-            ending = (kind, False)
-        elif (limit := self.conversation.limit_reached()) is not None:
-            ending = (limit, limit == "max_steps")
-        elif self._turns >= self.max_turns:
-            ending = ("max_turns", True)
+        ending = self.conversation.ending(turn, agent)
+        if ending is None and self._turns >= self.max_turns:
+            ending = (Termination.MAX_TURNS, True)
         if ending is not None:
             self._end(*ending)
         self._accumulate_rewards()

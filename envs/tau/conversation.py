@@ -1,10 +1,11 @@
 """One τ-bench episode's bookkeeping, shared by the Gymnasium and PettingZoo forms.
 
-``Conversation`` turns a participant's raw text into what the benchmark sees: a tool call
-(run in the domain and logged), a message to the other side (logged), or an error shown
-only to its author (never logged, never forwarded). It also applies the official runner's
-episode limits: at most ``max_steps`` messages of any kind (agent, user, tool) and at most
-``max_errors`` failed tool calls; τ-bench scores an episode ended by either as 0.
+``Conversation`` picks the task (``begin``), turns a participant's raw text into what the
+benchmark sees: a tool call (run in the domain and logged), a message to the other side
+(logged), or an error shown only to its author (never logged, never forwarded), and decides
+when a turn ends the episode (``ending``). It applies the official runner's episode limits:
+at most ``max_steps`` messages of any kind (agent, user, tool) and at most ``max_errors``
+failed tool calls; τ-bench scores an episode ended by either as 0.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from draco_gym.codeblock import parse_message
 from draco_gym.envs.tau.actions import ToolCall, ToolCallError, format_tool_call, parse_tool_call
 from draco_gym.envs.tau.backends import Backend, TaskSpec
 from draco_gym.envs.tau.users import STOP, is_stop
+from draco_gym.types import Termination
 
 LANGUAGES: tuple[str, ...] = ("python", "py", "json")
 
@@ -122,12 +124,30 @@ class Conversation:
         self.steps = self.tool_errors = self.malformed = 0
         return self.spec
 
+    def begin(self, task_id: str | int | None, rng) -> TaskSpec:
+        """Start ``task_id``, or a task drawn with ``rng`` (a numpy Generator) when None."""
+        if task_id is None:
+            ids = self.backend.task_ids()
+            task_id = ids[int(rng.integers(len(ids)))]
+        return self.start(self.backend.check_task(task_id))
+
     def limit_reached(self) -> str | None:
         if self.tool_errors >= self.max_errors:
-            return "too_many_errors"
+            return Termination.TOO_MANY_ERRORS
         if self.steps >= self.max_steps:
-            return "max_steps"
+            return Termination.MAX_STEPS
         return None
+
+    def ending(self, turn: Turn, speaker: str) -> tuple[str, bool] | None:
+        """``(termination, truncated)`` when ``turn`` of ``speaker`` ends the episode: a stop
+        (a tool that ended it is ``submitted``), or one of the official limits (``max_steps``
+        is a truncation)."""
+        if turn.kind == "stop":
+            if "tool_call" in turn.info:
+                return Termination.SUBMITTED, False
+            return (Termination.AGENT_STOP if speaker == "assistant" else Termination.USER_STOP), False
+        limit = self.limit_reached()
+        return None if limit is None else (limit, limit == Termination.MAX_STEPS)
 
     def act(self, speaker: str, text: Any, *, tools_allowed: bool = True) -> Turn:
         """Apply ``speaker``'s raw output ("assistant" or "user")."""

@@ -24,7 +24,7 @@ from typing import Any
 
 
 from draco_gym.codeblock import MultiBlockPolicy
-from draco_gym.envs.base import CodeStepEnv, truncate_middle
+from draco_gym.envs.base import CodeStepEnv, Outcome
 from draco_gym.envs.tau.backends import Backend, BackendError, make_backend
 from draco_gym.envs.tau.conversation import (
     LANGUAGES,
@@ -38,10 +38,39 @@ from draco_gym.types import Task, Termination
 
 
 class TauBenchEnv(CodeStepEnv):
-    """See the module docstring. ``backend`` is "tau2", "tau_bench" or a built ``Backend``
-    (share one across envs to load the task set once); other keyword arguments go to the
-    backend (``task_split``, ``retrieval_variant``, ``env_kwargs``, ...). ``task_id`` fixes
-    the task; otherwise ``reset(options={"task_id": ...})`` picks it, or the seed does."""
+    """τ-bench's customer-service dialogue; one step is one agent message (see the module
+    docstring).
+
+    ## Action space
+    ``UnicodeText``: the agent message. One code block holding one tool call with keyword
+    literal arguments (Python or JSON form) runs the tool; no code block is a message to the
+    customer.
+
+    ## Observation space
+    ``UnicodeText``: at reset the agent prompt (instructions, policy, tool signatures, the
+    conversation so far); after a step the tool's result, the customer's reply
+    (``"User: ..."``) or an error, cut in the middle to ``max_observation_chars``.
+
+    ## Rewards
+    Always 0. The benchmark's grade (``reward``, ``success``, ``db_match``, ...) is in
+    ``info["metrics"]`` at the end.
+
+    ## Episode end
+    Terminated: ``user_stop`` (the customer's stop token), ``agent_stop`` (``###STOP###``),
+    ``submitted`` (a tool that ends the task), ``too_many_errors`` (``max_errors`` failed
+    tool calls), ``env_error`` (the user simulator failed). Truncated: ``max_steps``
+    messages of any role, or ``max_turns`` agent messages.
+
+    ## Arguments
+    ``backend`` is "tau2", "tau_bench" or a built ``Backend`` (share one across envs to load
+    the task set once); other keyword arguments go to the backend (``task_split``,
+    ``retrieval_variant``, ``env_kwargs``, ...). ``domain`` picks the domain. ``task_id``
+    fixes the task; otherwise ``reset(options={"task_id": ...})`` picks it, or the seed
+    does. ``user``: an LLM user (a dict or ``LLMUser``) or a scripted one.
+
+    ## Version history
+    - v0: the initial version.
+    """
 
     def __init__(
         self,
@@ -83,11 +112,7 @@ class TauBenchEnv(CodeStepEnv):
         unknown = sorted(set(options) - {"task_id"})
         if unknown:
             raise ValueError(f"unknown reset options {unknown}; TauBench accepts only 'task_id'")
-        task_id = options.get("task_id", self.task_id)
-        if task_id is None:
-            ids = self.backend.task_ids()
-            task_id = ids[int(self.np_random.integers(len(ids)))]
-        spec = self.conversation.start(self.backend.check_task(task_id))
+        spec = self.conversation.begin(options.get("task_id", self.task_id), self.np_random)
         lines = list(spec.opening.history)
         # The user answers the last agent line itself; tool traffic is not part of its view.
         before = lines[:-1] if spec.opening.user_first else lines
@@ -115,7 +140,7 @@ class TauBenchEnv(CodeStepEnv):
         )
 
     def _evaluate(self) -> dict[str, Any]:
-        grade = self.backend.evaluate(self._termination or "")
+        grade = self.backend.evaluate(self.termination or "")
         return {
             **grade,
             "user": self.user.describe(),
@@ -129,42 +154,37 @@ class TauBenchEnv(CodeStepEnv):
         observation, info = super().reset(seed=seed, options=options)
         return observation, {**info, "user": self.user.describe()}
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        index = self._begin_step()
-        info: dict[str, Any] = {"task_id": self.task.id, "step": index}
+    def _act(self, action: str) -> Outcome:
+        """A tool call runs; a message goes to the customer, whose reply is the observation."""
         turn = self.conversation.act("assistant", action)
-        info.update(turn.info)
-        termination, truncation, observation = None, None, turn.observation
-        if turn.kind == "error":
-            self._counts["parse_errors"] += 1
-        elif turn.kind == "tool":
-            self._counts["exec_errors"] += bool(turn.info["tool_error"])
-        elif turn.kind == "stop":
-            termination = Termination.SUBMITTED if "tool_call" in turn.info else "agent_stop"
-        else:
-            termination, observation = self._user_reply(turn.message or "", info)
-        if termination is None:
-            limit = self.conversation.limit_reached()
-            if limit == "too_many_errors":
-                termination = limit
-            elif limit == "max_steps":
-                truncation = limit
-        observation = truncate_middle(observation, self.max_observation_chars)
-        return self._record_step(index, action, info.get("tool_call"), observation, info, termination, truncation)
+        info: dict[str, Any] = dict(turn.info)
+        outcome = Outcome(turn.observation, code=info.get("tool_call"), info=info, parse_error=turn.kind == "error",
+                          exec_error=turn.kind == "tool" and bool(turn.info["tool_error"]))
+        ending = self.conversation.ending(turn, "assistant")
+        if turn.kind == "message":
+            ending, outcome.observation = self._user_reply(turn.message or "", info)
+        if ending is not None:
+            termination, truncated = ending
+            if truncated:
+                outcome.truncation = termination
+            else:
+                outcome.termination = termination
+        return outcome
 
-    def _user_reply(self, message: str, info: dict[str, Any]) -> tuple[str | None, str]:
-        """Send the agent's message to the customer; returns (termination or None, observation)."""
+    def _user_reply(self, message: str, info: dict[str, Any]) -> tuple[tuple[str, bool] | None, str]:
+        """Send the agent's message to the customer; returns (the episode's ending or None,
+        the observation)."""
         try:
             reply = self.user.respond(message)
         except Exception as exc:  # noqa: BLE001 - a broken user simulator ends the episode, recorded
             info["user_error"] = f"{type(exc).__name__}: {exc}"
-            return Termination.ENV_ERROR, ""
+            return (Termination.ENV_ERROR, False), ""
         turn: Turn = self.conversation.act("user", reply, tools_allowed=False)
         if turn.kind == "error":  # the simulator said nothing: the conversation cannot go on
             info["user_error"] = turn.info["action_error"]
-            return Termination.ENV_ERROR, ""
+            return (Termination.ENV_ERROR, False), ""
         info["user_message"] = turn.message
-        return (Termination.USER_STOP if turn.kind == "stop" else None), f"User: {turn.message}"
+        return self.conversation.ending(turn, "user"), f"User: {turn.message}"
 
     # -- chat view -------------------------------------------------------------------------
 
@@ -172,7 +192,7 @@ class TauBenchEnv(CodeStepEnv):
         """The episode so far as chat messages for a policy: the agent prompt as system
         message, the opening as first user message, then each step's action and observation."""
         messages = [{"role": "system", "content": self._system_prompt}, {"role": "user", "content": self._opening}]
-        for step in self._steps:
+        for step in self.trajectory().steps:
             messages.append({"role": "assistant", "content": step.text})
             if step.observation:
                 messages.append({"role": "user", "content": step.observation})

@@ -1,4 +1,4 @@
-"""Everything between a pipeline stage and a judge, written once for every judge.
+"""The judge client: everything between a stage and a judge, written once for every judge.
 
 ``JudgeClient.ask`` sends one request and returns a validated answer. On the way it
   - reads and writes the on-disk cache (key: judge identity, messages, schema, sampling
@@ -9,7 +9,7 @@
   - validates the answer and, when it is wrong, sends the errors back for a bounded number
     of repairs,
   - books calls, tokens, cost and cache hits to the stage in a ``UsageMeter``.
-A call that still fails raises ``StageFailed``; the pipeline turns that into a counted
+A call that still fails raises ``StageFailed``; the rubric turns that into a counted
 fallback.
 """
 
@@ -33,7 +33,7 @@ from aiolimiter import AsyncLimiter
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from draco_gym.reward.answers import InvalidAnswer
-from draco_gym.reward.judge import Judge, JudgeReply, JudgeUnavailable
+from draco_gym.reward.judges import Judge, JudgeReply, JudgeUnavailable, as_judge
 from draco_gym.types import StageUsage
 
 log = logging.getLogger(__name__)
@@ -130,20 +130,16 @@ class DiskCache:
 
 
 def as_client(judge: Any, **settings: Any) -> JudgeClient:
-    """A JudgeClient from a JudgeClient (returned as is), a Judge, or a config dict
-    ``{"name": "openai", "model": ..., ...}``; ``settings`` are JudgeSettings fields."""
+    """A JudgeClient from a JudgeClient (returned as is), a Judge, a config dict
+    ``{"name": "openai", "model": ..., ...}`` or a function ``fn(messages) -> text``;
+    ``settings`` are JudgeSettings fields."""
     if isinstance(judge, JudgeClient):
         if settings:
             raise TypeError(f"judge settings {sorted(settings)} given, but the judge is already a JudgeClient with its own")
         return judge
-    if isinstance(judge, dict):
-        from draco_gym.reward.judge import build_judge
-
-        options = dict(judge)
-        judge = build_judge(options.pop("name", "openai"), **options)
     if judge is None:
         raise ValueError("this reward needs a judge: a Judge, a JudgeClient or a dict such as {'name': 'openai', 'model': ...}")
-    return JudgeClient(judge, **settings)
+    return JudgeClient(as_judge(judge), **settings)
 
 
 def request_key(identity: Any, messages: list[dict], schema: dict | None, params: dict) -> str:
@@ -321,17 +317,8 @@ class JudgeClient:
                 with attempt:
                     async with state.slots:
                         await self._rate_limit(state, messages)
-                        return await asyncio.wait_for(
-                            self.judge.complete(
-                                messages,
-                                schema=schema,
-                                schema_name=stage,
-                                temperature=settings.temperature,
-                                max_tokens=settings.max_tokens,
-                                sample=sample,
-                            ),
-                            timeout=settings.deadline_s,
-                        )
+                        return await asyncio.wait_for(self._judge_call(stage, messages, schema, sample),
+                                                      timeout=settings.deadline_s)
         except asyncio.TimeoutError:
             raise StageFailed(stage, f"no answer within {settings.deadline_s:g} s ({settings.retries + 1} attempts)") from None
         except JudgeUnavailable as exc:
@@ -340,6 +327,17 @@ class JudgeClient:
             log.warning("judge %s raised during %s", self.model, stage, exc_info=True)
             raise StageFailed(stage, f"judge raised {type(exc).__name__}: {exc}") from None
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _judge_call(self, stage: str, messages: list[dict[str, str]], schema: dict | None,
+                          sample: int) -> JudgeReply:
+        try:
+            return await self.judge.complete(messages, schema=schema, schema_name=stage,
+                                             temperature=self.settings.temperature,
+                                             max_tokens=self.settings.max_tokens, sample=sample)
+        except asyncio.TimeoutError as exc:
+            # The judge's own timeout (TimeoutError is asyncio's since Python 3.11): an
+            # unavailable judge, not this client's deadline.
+            raise JudgeUnavailable(f"{type(exc).__name__}: {exc}") from None
 
     async def _rate_limit(self, state: _LoopState, messages: list[dict[str, str]]) -> None:
         if state.requests is not None:

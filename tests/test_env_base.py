@@ -1,0 +1,50 @@
+"""CodeStepEnv's one action hook: an environment whose action is not a code block overrides
+``_act`` and nothing else, and still gets the turn budget, truncation, counts and record."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+
+from draco_gym.envs.base import CodeStepEnv, Outcome
+from draco_gym.types import Task, Termination
+
+
+class Echo(CodeStepEnv):
+    """Says back what it hears; "stop" ends the episode, "bad" is a malformed action."""
+
+    def _start(self, seed, options):
+        return Task(id="echo", instruction="talk", agent_prompt="Say something.")
+
+    def _act(self, action):
+        if action == "bad":
+            return Outcome("Error: not understood.", parse_error=True)
+        if action == "stop":
+            return Outcome("bye", termination=Termination.AGENT_STOP, info={"said": action})
+        return Outcome("x" * 1000 + action, code=action, info={"said": action}, exec_error=action == "oops")
+
+
+def test_one_hook_gets_the_whole_step():
+    env = Echo(max_turns=10, max_observation_chars=200)
+    env.reset()
+    observation, reward, terminated, truncated, info = env.step("hello")
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    assert len(observation) <= 200 and observation.endswith("hello") and "characters truncated" in observation
+    assert info == {"task_id": "echo", "step": 1, "said": "hello"}
+    env.step("bad")
+    env.step("oops")
+    _, _, terminated, truncated, info = env.step("stop")
+    assert terminated and not truncated and env.termination == Termination.AGENT_STOP
+    traj = info["trajectory"]
+    assert [s.code for s in traj.steps] == ["hello", None, "oops", None]
+    assert traj.metrics == {"parse_errors": 1, "exec_errors": 1}
+    with pytest.raises(gym.error.ResetNeeded, match=r"the episode has ended \(agent_stop\)"):
+        env.step("more")
+
+
+def test_the_turn_budget_applies_to_an_overridden_action():
+    env = Echo(max_turns=2)
+    env.reset()
+    env.step("a")
+    _, _, terminated, truncated, info = env.step("b")
+    assert truncated and not terminated and info["trajectory"].termination == Termination.MAX_TURNS
