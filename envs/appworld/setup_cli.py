@@ -11,11 +11,9 @@ import argparse
 
 from draco_gym.envs.appworld.runtime import HOME_ENV, AppWorldRuntime, SetupError, print_progress
 
-TARGETS = ("appworld",)
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", choices=TARGETS, help="what to set up")
+def add_arguments(parser) -> None:
+    """The options of `setup appworld`, on a parser or an argument group."""
     parser.add_argument("--home", default=None, help=f"runtime location (default: ${HOME_ENV} or the user cache dir)")
     parser.add_argument("--force", action="store_true", help="recreate the runtime even if it is complete")
     parser.add_argument("--no-suite", action="store_true", help="skip building the offline task suite")
