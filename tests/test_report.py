@@ -360,7 +360,7 @@ def test_report_of_a_real_training_run(tmp_path, browser, capsys):
     try:
         p = page.show("#groups", "#groups-table")
         assert p.locator("#groups-table tbody tr").count() == 2 * 2
-        assert "metrics.jsonl: reward_mean" in page.show("#run", ".charts svg").locator(".charts").inner_text()
+        assert "metrics.jsonl: env_runners/episode_return_mean" in page.show("#run", ".charts svg").locator(".charts").inner_text()
         assert_readable_axes(page.page)  # the judge-free rule reward: judge cost and tokens are all 0
         for gid in range(4):
             p = page.show(f"#group/{gid}", "#group-table tbody tr")
