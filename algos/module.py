@@ -9,7 +9,8 @@ switched off, so no second copy of the model is held.
 Log-probs are computed only where the loss needs them: the backbone runs over the whole
 sequence, but the vocabulary projection runs only on the hidden states that predict a
 policy token. Prompts and observations are most of a multi-turn sequence, and the
-[tokens x vocabulary] logits are the largest tensor of the step.
+[tokens x vocabulary] logits are the largest tensor of the step. Rows that share a prefix
+(a group's prompt) can have it computed once (``encode_prefix``, ``draco_gym.algos.prefix``).
 """
 
 from __future__ import annotations
