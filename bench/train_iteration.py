@@ -253,7 +253,7 @@ def bench_learner(args) -> None:
     import torch
 
     from draco_gym.algos.learner import accumulate_gradients, recompute_logprobs
-    from draco_gym.algos.loss import LossConfig
+    from draco_gym.algos.config import LossConfig
     from draco_gym.algos.module import HFPolicyModule
     from draco_gym.algos.prefix import prefix_groups
 
