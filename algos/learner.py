@@ -9,7 +9,7 @@ the whole minibatch, at the memory cost of one micro-batch.
 Rows that begin with the same tokens (the G rollouts of a task share their prompt) share
 their prefix (``draco_gym.algos.prefix``): it runs forward and backward once per group, for
 the policy, the reference and the old-log-prob recomputation alike, and the micro-batches
-hold only the continuations. On by default; ``share_prefix=False`` in the learner's config
+hold only the continuations. On by default; the ``optim.share_prefix`` knob (``.training(share_prefix=False)``)
 turns it off, and a model whose attention cannot take a shared prefix falls back to the
 unshared path with a logged reason.
 """
@@ -116,7 +116,7 @@ class GRPOTorchLearner(TorchLearner):
             config = self.config.get_config_for_module(module_id)
             losses[module_id], totals, n_tokens, fwd_last = accumulate_gradients(
                 self.module[module_id], mb, loss_config(config), config.micro_batch_tokens,
-                getattr(config, "share_prefix", True))
+                config.share_prefix)
             for k, v in totals.items():
                 self.metrics.log_value((module_id, k), v, window=1)
             self.metrics.log_value((module_id, "policy_tokens"), n_tokens, reduce="sum")
@@ -132,5 +132,5 @@ class GRPOTorchLearner(TorchLearner):
         config = self.config.get_config_for_module(module_id)
         device = next(module.parameters()).device
         tensors = {k: torch.as_tensor(v).to(device) for k, v in batch.items()}
-        out = recompute_logprobs(module, tensors, config.micro_batch_tokens, getattr(config, "share_prefix", True))
+        out = recompute_logprobs(module, tensors, config.micro_batch_tokens, config.share_prefix)
         return out.to(tensors["old_logp"].dtype).numpy()

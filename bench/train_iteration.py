@@ -104,7 +104,7 @@ def run_iterations(args, path: str, share_prefix: bool) -> list[dict]:
                   credit=args.credit, minibatch_size=None)
         .env_runners(num_env_runners=1).learners(num_learners=0).debugging(seed=0, log_level="ERROR")
     )
-    config.share_prefix = share_prefix  # read by the learner (GRPOTorchLearner), on by default
+    config.training(share_prefix=share_prefix)
     algo = config.build_algo()
     try:
         algo.train()  # warm-up: first-call costs (lazy imports, env processes) are not steady state
