@@ -147,6 +147,8 @@ class OptimSection(LossConfig):
     micro_batch_tokens: int = Field(4096, ge=16, description="gradient accumulation unit, in padded tokens")
     recompute_old_logprobs: bool | None = Field(None, description="old log-probs from the learner instead of the "
                                                                   "sampler (null: only with the vllm sampler)")
+    share_prefix: bool = Field(True, description="compute a group's shared prompt once in the learner (exact; "
+                                                 "falls back, with the reason logged, where a model cannot)")
 
 
 class ResourcesSection(_Section):

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+from draco_gym.algos.prefix import cache_argument, prefix_groups
+
 
 @dataclass
 class Sample:
@@ -55,7 +57,7 @@ class TorchSampler:
         self.eos_ids = tuple(eos_ids)
         self.pad_id = int(pad_id)
         self.temperature = float(temperature)
-        self._cache_kw = _cache_argument(model)
+        self._cache_kw = cache_argument(model)
 
     def session(self, prompts: Sequence[list[int]]) -> SamplingSession:
         return SamplingSession(self, prompts)
@@ -71,8 +73,9 @@ class SamplingSession:
 
     Re-encoding a whole multi-turn context every turn costs O(turns x context) prefill, and
     prefill, not decoding, is what dominates on a CPU. A session encodes each token once:
-    the prompts (identical prompts, e.g. the G episodes of one task, once for all), then per
-    turn the sampled tokens and the appended observation. Rows are left-padded where they
+    the prompts (a prefix they share, e.g. the prompt of the G episodes of one task, once
+    for all: ``prefix.prefix_groups`` decides it, as for the learner), then per turn the
+    sampled tokens and the appended observation. Rows are left-padded where they
     start and where a turn appends chunks of unequal length; padding is masked out and the
     position ids count real tokens only, so every row sees exactly its own sequence.
     Finished rows are dropped from the cache (``keep``).
@@ -84,15 +87,18 @@ class SamplingSession:
         self.s = sampler
         self.model = sampler.model
         self.device = next(self.model.parameters()).device
-        unique = list(dict.fromkeys(tuple(p) for p in prompts))
-        self.rows = len(unique)
-        self.mask = torch.zeros((len(unique), 0), dtype=torch.long, device=self.device)
-        self.length = torch.zeros(len(unique), dtype=torch.long, device=self.device)
+        groups = prefix_groups(prompts)
+        self.rows = len(groups)
+        self.mask = torch.zeros((len(groups), 0), dtype=torch.long, device=self.device)
+        self.length = torch.zeros(len(groups), dtype=torch.long, device=self.device)
         self.cache = None
         self.logits = None
-        self.extend([list(p) for p in unique])
-        where = {p: i for i, p in enumerate(unique)}
-        self.keep([where[tuple(p)] for p in prompts])
+        # One row per group: its shared prefix (or, alone, the whole prompt); then every
+        # prompt gets its group's row and the tokens after the prefix.
+        self.extend([list(prompts[g.rows[0]][: g.length or None]) for g in groups])
+        group_of = {r: (k, g.length) for k, g in enumerate(groups) for r in g.rows}
+        self.keep([group_of[i][0] for i in range(len(prompts))])
+        self.extend([list(p[group_of[i][1]:]) if group_of[i][1] else [] for i, p in enumerate(prompts)])
 
     def _forward(self, ids, chunk_mask):
         import torch
@@ -167,14 +173,6 @@ class SamplingSession:
                 logits = self._forward(token[:, None], live.long()[:, None])
         self.logits = logits
         return [Sample(out_ids[i], out_lp[i], bool(ended[i])) for i in range(self.rows)]
-
-
-def _cache_argument(model) -> str:
-    """transformers 5.x renamed ``past_key_values`` to ``cache``; accept both."""
-    import inspect
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
 
 
 class VLLMSampler:

@@ -5,20 +5,92 @@ long, so a minibatch is cut into micro-batches of at most ``micro_batch_tokens``
 tokens; each adds its share of the token-mean loss to the gradient, then the gradient is
 clipped (``grad_clip``, global norm) and AdamW steps once. The result equals one pass over
 the whole minibatch, at the memory cost of one micro-batch.
+
+Rows that begin with the same tokens (the G rollouts of a task share their prompt) share
+their prefix (``draco_gym.algos.prefix``): it runs forward and backward once per group, for
+the policy, the reference and the old-log-prob recomputation alike, and the micro-batches
+hold only the continuations. On by default; the ``optim.share_prefix`` knob (``.training(share_prefix=False)``)
+turns it off, and a model whose attention cannot take a shared prefix falls back to the
+unshared path with a logged reason.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
-from draco_gym.algos.batch import micro_batches
+from draco_gym.algos.batch import prefix_micro_batches
 from draco_gym.algos.config import LossConfig
 from draco_gym.algos.loss import grpo_loss
+
+logger = logging.getLogger(__name__)
 
 
 def loss_config(config) -> LossConfig:
     return LossConfig(**{key: getattr(config, key) for key in LossConfig.model_fields})
+
+
+def use_prefix_sharing(module, wanted: bool = True) -> bool:
+    """Whether to share prefixes with this module; a model that cannot says why, once."""
+    if not wanted:
+        return False
+    reason = module.prefix_sharing()
+    if reason is not None and not getattr(module, "_sharing_reason_logged", False):
+        logger.warning("prefix sharing off, every row computes its whole prompt: %s", reason)
+        module._sharing_reason_logged = True
+    return reason is None
+
+
+def accumulate_gradients(module, batch: dict, cfg: LossConfig, micro_batch_tokens: int, share_prefix: bool = True):
+    """Forward and backward over one minibatch (tensors [rows, width]), micro-batch by
+    micro-batch, accumulating the gradient of the minibatch's token-mean loss in ``.grad``.
+    Returns (loss, stat sums, policy tokens N, the last micro-batch's forward output)."""
+    n_tokens = int(batch["policy_mask"][:, 1:].sum())
+    with_reference = cfg.kl_coeff > 0
+    total_loss, totals, fwd_last = torch.zeros(()), {}, {}
+    for unit in prefix_micro_batches(batch, micro_batch_tokens, use_prefix_sharing(module, share_prefix)):
+        if not any(bool(m["policy_mask"][:, 1:].any()) for m in unit.micro):
+            continue
+        prefix = ref_prefix = None
+        if unit.prefix is not None:
+            prefix = module.encode_prefix(unit.prefix)
+            ref_prefix = module.encode_prefix(unit.prefix, reference=True) if with_reference else None
+        for micro in unit.micro:
+            mask = micro["policy_mask"][:, 1:].bool()
+            if not bool(mask.any()):
+                continue
+            fwd = module.forward_train(micro, with_reference=with_reference, prefix=prefix, ref_prefix=ref_prefix)
+            loss, stats = grpo_loss(fwd["logp"], micro["old_logp"][:, 1:][mask], fwd.get("ref_logp"),
+                                    micro["advantages"][:, 1:][mask], n_tokens, cfg)
+            loss.backward()
+            total_loss = total_loss + loss.detach().cpu()
+            for k, v in stats.items():
+                totals[k] = totals.get(k, 0.0) + float(v)
+            fwd_last = fwd
+        if prefix is not None:
+            prefix.backward()
+    return total_loss, totals, n_tokens, fwd_last
+
+
+@torch.no_grad()
+def recompute_logprobs(module, batch: dict, micro_batch_tokens: int, share_prefix: bool = True):
+    """log pi_theta of every policy token of ``batch`` (tensors [rows, width]) under the
+    current weights, in a [rows, width] tensor like ``old_logp`` (0 elsewhere)."""
+    out = torch.zeros(batch["old_logp"].shape, dtype=torch.float32)
+    for unit in prefix_micro_batches(batch, micro_batch_tokens, use_prefix_sharing(module, share_prefix)):
+        prefix = module.encode_prefix(unit.prefix) if unit.prefix is not None else None
+        for rows, micro in zip(unit.rows, unit.micro):
+            mask = micro["policy_mask"][:, 1:].bool()
+            if not bool(mask.any()):
+                continue
+            lp = module.forward_train(micro, with_reference=False, prefix=prefix)["logp"]
+            width = micro["input_ids"].shape[1]
+            block = out[rows, 1:width]
+            block[mask.cpu()] = lp.float().cpu()
+            out[rows, 1:width] = block
+    return out
 
 
 class GRPOTorchLearner(TorchLearner):
@@ -42,24 +114,9 @@ class GRPOTorchLearner(TorchLearner):
         losses, fwd_last = {}, {}
         for module_id, mb in batch.items():
             config = self.config.get_config_for_module(module_id)
-            module = self.module[module_id]
-            cfg = loss_config(config)
-            n_tokens = int(mb["policy_mask"][:, 1:].sum())
-            totals: dict[str, float] = {}
-            total_loss = torch.zeros(())
-            for micro in micro_batches(mb, config.micro_batch_tokens):
-                mask = micro["policy_mask"][:, 1:].bool()
-                if not bool(mask.any()):
-                    continue
-                fwd = module.forward_train(micro, with_reference=cfg.kl_coeff > 0)
-                loss, stats = grpo_loss(fwd["logp"], micro["old_logp"][:, 1:][mask], fwd.get("ref_logp"),
-                                        micro["advantages"][:, 1:][mask], n_tokens, cfg)
-                loss.backward()
-                total_loss = total_loss + loss.detach()
-                for k, v in stats.items():
-                    totals[k] = totals.get(k, 0.0) + float(v)
-                fwd_last = fwd
-            losses[module_id] = total_loss
+            losses[module_id], totals, n_tokens, fwd_last = accumulate_gradients(
+                self.module[module_id], mb, loss_config(config), config.micro_batch_tokens,
+                config.share_prefix)
             for k, v in totals.items():
                 self.metrics.log_value((module_id, k), v, window=1)
             self.metrics.log_value((module_id, "policy_tokens"), n_tokens, reduce="sum")
@@ -68,20 +125,12 @@ class GRPOTorchLearner(TorchLearner):
             self.apply_gradients(self.postprocess_gradients(grads))
         return fwd_last, losses, {}
 
-    @torch.no_grad()
     def policy_logprobs(self, batch: dict, module_id: str):
         """log pi_theta of every policy token of ``batch`` (numpy arrays) under the current
         weights: the old log-probs when the sampler's own cannot be trusted (vLLM)."""
         module = self.module[module_id]
-        tensors = {k: torch.as_tensor(v) for k, v in batch.items()}
-        out = torch.zeros_like(tensors["old_logp"])
-        for i in range(len(out)):  # one row at a time: no padding, memory of one sequence
-            one = {k: tensors[k][i : i + 1] for k in ("input_ids", "attention_mask", "policy_mask")}
-            width = int(one["attention_mask"].sum())
-            one = {k: v[:, :width] for k, v in one.items()}
-            mask = one["policy_mask"][:, 1:].bool()
-            if bool(mask.any()):
-                lp = module.forward_train(one, with_reference=False)["logp"]
-                target = out[i : i + 1, 1:width]
-                target[mask] = lp.to(out.dtype)
-        return out.numpy()
+        config = self.config.get_config_for_module(module_id)
+        device = next(module.parameters()).device
+        tensors = {k: torch.as_tensor(v).to(device) for k, v in batch.items()}
+        out = recompute_logprobs(module, tensors, config.micro_batch_tokens, config.share_prefix)
+        return out.to(tensors["old_logp"].dtype).numpy()

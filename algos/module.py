@@ -9,7 +9,8 @@ switched off, so no second copy of the model is held.
 Log-probs are computed only where the loss needs them: the backbone runs over the whole
 sequence, but the vocabulary projection runs only on the hidden states that predict a
 policy token. Prompts and observations are most of a multi-turn sequence, and the
-[tokens x vocabulary] logits are the largest tensor of the step.
+[tokens x vocabulary] logits are the largest tensor of the step. Rows that share a prefix
+(a group's prompt) can have it computed once (``encode_prefix``, ``draco_gym.algos.prefix``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 
 import torch
 from ray.rllib.core.rl_module.torch import TorchRLModule
+
+from draco_gym.algos.prefix import SharedPrefix, decoder_and_head, sharing_unsupported
 
 
 def load_causal_lm(path: str, dtype: str = "float32"):
@@ -51,15 +54,19 @@ def add_lora(model, lora: dict[str, Any], seed: int = 0):
     )
 
 
-def token_logprobs(lm, input_ids, attention_mask, policy_mask, temperature: float = 1.0):
+def token_logprobs(lm, input_ids, attention_mask, policy_mask, temperature: float = 1.0, prefix=None):
     """log pi(y_t | y_<t) for every position with ``policy_mask[:, t]`` (t >= 1), flattened
-    in row-major order. Runs the vocabulary projection on those positions only."""
-    base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
+    in row-major order. Runs the vocabulary projection on those positions only. With a
+    ``prefix`` (``SharedPrefix``), every row begins with it and only the rows' continuations
+    run through the backbone."""
     targets = policy_mask[:, 1:].bool()
-    backbone = base.get_decoder() if hasattr(base, "get_decoder") else None
-    if backbone is not None and base.get_output_embeddings() is not None:
+    backbone, head = decoder_and_head(lm)
+    if prefix is not None:
+        hidden = prefix.row_hidden(input_ids, attention_mask)
+        logits = prefix.head(hidden[:, :-1][targets]).float()
+    elif backbone is not None:
         hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        logits = base.get_output_embeddings()(hidden[:, :-1][targets]).float()
+        logits = head(hidden[:, :-1][targets]).float()
     else:  # models without a separable head: full logits
         logits = lm(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][targets].float()
     if temperature > 0:
@@ -94,13 +101,33 @@ class HFPolicyModule(TorchRLModule):
     # -- RLlib forward passes -------------------------------------------------------------
 
     def _forward_train(self, batch: dict, **kwargs) -> dict:
-        """Current and reference log-probs of the policy tokens of ``batch``."""
+        """Current and reference log-probs of the policy tokens of ``batch``. With
+        ``prefix`` / ``ref_prefix`` (from ``encode_prefix``), every row begins with that
+        prefix and only the continuations are computed here."""
         args = (batch["input_ids"].long(), batch["attention_mask"].long(), batch["policy_mask"])
-        out = {"logp": token_logprobs(self.lm, *args, temperature=self.temperature)}
+        out = {"logp": token_logprobs(self.lm, *args, temperature=self.temperature, prefix=kwargs.get("prefix"))}
         if kwargs.get("with_reference", True):
             with torch.no_grad(), self.lm.disable_adapter():
-                out["ref_logp"] = token_logprobs(self.lm, *args, temperature=self.temperature)
+                out["ref_logp"] = token_logprobs(self.lm, *args, temperature=self.temperature,
+                                                 prefix=kwargs.get("ref_prefix"))
         return out
+
+    # -- prefix sharing (see draco_gym.algos.prefix) -----------------------------------------
+
+    def prefix_sharing(self) -> str | None:
+        """None when this model's attention can take a shared prefix, else why not
+        (checked once)."""
+        if not hasattr(self, "_sharing_unsupported"):
+            self._sharing_unsupported = sharing_unsupported(self.lm)
+        return self._sharing_unsupported
+
+    def encode_prefix(self, prefix_ids, *, reference: bool = False) -> SharedPrefix:
+        """The prefix computed once under the current policy (with gradient when enabled) or,
+        with ``reference``, under the base model (adapter off, no gradient)."""
+        if reference:
+            with torch.no_grad(), self.lm.disable_adapter():
+                return SharedPrefix(self.lm, prefix_ids, grad=False)
+        return SharedPrefix(self.lm, prefix_ids, grad=torch.is_grad_enabled())
 
     def _forward(self, batch: dict, **kwargs) -> dict:
         raise NotImplementedError("the env runner samples with draco_gym.algos.generation, not forward()")
