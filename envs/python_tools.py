@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from draco_gym.envs import os_sandbox
-from draco_gym.envs.base import CodeStepEnv, Execution
+from draco_gym.envs.base import CodeStepEnv, Execution, WorldLost
 from draco_gym.types import Task
 
 WORKER = os_sandbox.WORKER_SCRIPT
@@ -275,7 +275,6 @@ class PythonToolsEnv(CodeStepEnv):
                                 memory_mb=memory_mb, cpu_s=cpu_s, file_mb=file_mb, output_limit=output_limit)
         self._answer: Any = None
         self._submitted = False
-        self._replay: list[str] = []
 
     @property
     def task_ids(self) -> list[str]:
@@ -305,34 +304,31 @@ class PythonToolsEnv(CodeStepEnv):
             task_id = self.task_ids[int(self.np_random.integers(len(self._tasks)))]
         task = self._tasks[task_id]
         self._sandbox.start()
-        self._answer, self._submitted, self._replay = None, False, []
+        self._answer, self._submitted = None, False
         prompt = PROMPT.format(tools=self._tool_docs, instruction=task.instruction)
         return task.model_copy(update={"agent_prompt": prompt})
 
-    def _execute(self, code: str) -> Execution:
+    def _run(self, code: str) -> Execution:
         try:
             reply = self._sandbox.run(code, self.step_timeout_s)
         except TimeoutError:
-            note = f"TimeoutError: the code ran longer than {self.step_timeout_s:g} s and was stopped."
-            return self._recover(note, "TimeoutError")
+            raise WorldLost(f"TimeoutError: the code ran longer than {self.step_timeout_s:g} s and was stopped.",
+                            "TimeoutError") from None
         except SandboxError as exc:
-            return self._recover(f"Error: {exc}.", "SandboxError")
-        self._replay.append(code)
+            raise WorldLost(f"Error: {exc}.", "SandboxError") from None
         if reply["submitted"]:
             self._answer, self._submitted = reply.get("answer"), True
         return Execution(output=reply["output"], error=reply["error"], submitted=reply["submitted"])
 
-    def _recover(self, note: str, error: str) -> Execution:
-        """Start a fresh interpreter and re-run the episode's earlier blocks, so the agent
-        keeps its variables; if that fails too, the episode ends as ``env_error``."""
-        try:
-            self._sandbox.start()
-            for block in self._replay:
-                self._sandbox.run(block, self.step_timeout_s)
-        except (TimeoutError, SandboxError) as exc:
-            return Execution(output=f"{note}\nThe session could not be restored ({exc!r}).", error=error, fatal=True)
-        restored = " Earlier steps were re-run, so their variables are back." if self._replay else ""
-        return Execution(output=f"{note} The Python session was restarted.{restored}", error=error)
+    def _restart(self) -> None:
+        self._sandbox.start()
+
+    def _lost_block(self, lost: WorldLost, failure: str | None) -> Execution:
+        if failure is not None:
+            return Execution(output=f"{lost}\nThe session could not be restored ({failure}).", error=lost.error,
+                             fatal=True)
+        restored = " Earlier steps were re-run, so their variables are back." if self._executed else ""
+        return Execution(output=f"{lost} The Python session was restarted.{restored}", error=lost.error)
 
     def _evaluate(self) -> dict[str, Any]:
         expected = self.task.metadata.get("answer")
