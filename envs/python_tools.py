@@ -43,7 +43,7 @@ class SandboxError(RuntimeError):
     """The interpreter process could not start, died, or stopped answering."""
 
 
-class Sandbox:
+class SandboxedInterpreter:
     """One interpreter process with a private temporary directory, inside the OS sandbox
     when ``mode`` is ``"bwrap"`` (an already resolved mode: ``"bwrap"`` or ``"guard"``)."""
 
@@ -60,7 +60,7 @@ class Sandbox:
         start_timeout_s: float = 30.0,
     ) -> None:
         if mode not in ("bwrap", "guard"):
-            raise ValueError(f"Sandbox mode must be 'bwrap' or 'guard' (resolve 'auto' first), got {mode!r}")
+            raise ValueError(f"SandboxedInterpreter mode must be 'bwrap' or 'guard' (resolve 'auto' first), got {mode!r}")
         self.tools = list(tools)
         self.mode = mode
         self.limits = {"memory_mb": memory_mb, "cpu_s": cpu_s, "file_mb": file_mb, "output_limit": output_limit}
@@ -271,8 +271,9 @@ class PythonToolsEnv(CodeStepEnv):
         self._tool_docs = "\n\n".join(describe_tool(t) for t in tools)
         self._tasks = {t.id: t for t in (self._as_task(x) for x in tasks)}
         self.sandbox = os_sandbox.resolve_mode(sandbox, "PythonTools")
-        self._sandbox = Sandbox(self._tool_specs, mode=self.sandbox, read_only=[str(p) for p in read_only_paths],
-                                memory_mb=memory_mb, cpu_s=cpu_s, file_mb=file_mb, output_limit=output_limit)
+        self._interpreter = SandboxedInterpreter(
+            self._tool_specs, mode=self.sandbox, read_only=[str(p) for p in read_only_paths],
+            memory_mb=memory_mb, cpu_s=cpu_s, file_mb=file_mb, output_limit=output_limit)
         self._answer: Any = None
         self._submitted = False
 
@@ -303,14 +304,14 @@ class PythonToolsEnv(CodeStepEnv):
         else:
             task_id = self.task_ids[int(self.np_random.integers(len(self._tasks)))]
         task = self._tasks[task_id]
-        self._sandbox.start()
+        self._interpreter.start()
         self._answer, self._submitted = None, False
         prompt = PROMPT.format(tools=self._tool_docs, instruction=task.instruction)
         return task.model_copy(update={"agent_prompt": prompt})
 
     def _run(self, code: str) -> Execution:
         try:
-            reply = self._sandbox.run(code, self.step_timeout_s)
+            reply = self._interpreter.run(code, self.step_timeout_s)
         except TimeoutError:
             raise WorldLost(f"TimeoutError: the code ran longer than {self.step_timeout_s:g} s and was stopped.",
                             "TimeoutError") from None
@@ -321,7 +322,7 @@ class PythonToolsEnv(CodeStepEnv):
         return Execution(output=reply["output"], error=reply["error"], submitted=reply["submitted"])
 
     def _restart(self) -> None:
-        self._sandbox.start()
+        self._interpreter.start()
 
     def _lost_block(self, lost: WorldLost, failure: str | None) -> Execution:
         if failure is not None:
@@ -338,11 +339,11 @@ class PythonToolsEnv(CodeStepEnv):
         return metrics
 
     def close(self) -> None:
-        self._sandbox.close()
+        self._interpreter.close()
         super().close()
 
     def __del__(self) -> None:
         try:
-            self._sandbox.close()
+            self._interpreter.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass

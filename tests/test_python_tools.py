@@ -170,7 +170,7 @@ def test_infinite_loop_times_out_and_variables_are_restored():
 def test_killed_interpreter_is_restarted_and_replayed(env):
     env.reset(seed=0)
     env.step(code("w = add(3, 4)"))
-    os.killpg(env._sandbox._proc.pid, signal.SIGKILL)
+    os.killpg(env._interpreter._proc.pid, signal.SIGKILL)
     obs, _, term, _, info = env.step(code("print(w)"))
     assert info["exec_error"] == "SandboxError" and "died" in obs and not term
     assert env.step(code("print(w * 2)"))[0].strip() == "14"
@@ -178,7 +178,7 @@ def test_killed_interpreter_is_restarted_and_replayed(env):
 
 def test_close_leaves_no_process_or_directory(env):
     env.reset(seed=0)
-    pid, workdir = env._sandbox._proc.pid, env._sandbox.workdir
+    pid, workdir = env._interpreter._proc.pid, env._interpreter.workdir
     env.close()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
