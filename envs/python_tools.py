@@ -232,12 +232,55 @@ Task: {instruction}"""
 
 
 class PythonToolsEnv(CodeStepEnv):
-    """See the module docstring. Deterministic given the code, so episodes can be restored.
+    """Plain Python functions as tools; one step is one assistant message whose code block
+    runs in a persistent, sandboxed interpreter (see the module docstring). Without
+    ``tools``, the built-in shop (``draco_gym.envs.shop``: products, customers and orders
+    behind paged lookups, and tasks with exact answers) is the world. Deterministic given
+    the code, so episodes can be restored (``can_restore``).
 
-    ``sandbox`` (``"auto"``, ``"bwrap"``, ``"guard"``) is resolved here: ``"bwrap"`` raises
-    ``SandboxUnavailable`` when bubblewrap cannot run, ``"guard"`` (chosen or fallen back to)
-    warns once. ``read_only_paths`` adds files or folders the tools read (their data) to
-    what the sandboxed interpreter can see."""
+    ## Action space
+    ``UnicodeText``: the assistant message. Its one ```` ```python ```` block (or
+    ``<code>...</code>``) runs; several blocks follow ``multi_block``.
+
+    ## Observation space
+    ``UnicodeText``: at reset the agent prompt (the tools' signatures and docstrings,
+    ``submit(answer)``, the task); after a step what the block printed, its traceback, or a
+    parse error, cut to ``output_limit`` by the interpreter and in the middle to
+    ``max_observation_chars``. A block that runs past ``step_timeout_s`` or kills the
+    interpreter is reported failed; the interpreter is restarted and the episode's earlier
+    blocks re-run, so the agent's variables survive.
+
+    ## Rewards
+    Always 0: rewards come from the rubric layer. ``info["metrics"]`` at the end holds
+    ``submitted``, ``answer`` and, when the task has an ``answer``, ``success`` (numbers
+    within 1e-6 relative, text case- and space-insensitively).
+
+    ## Episode end
+    Terminated: ``no_code`` (a message without code, under ``end_rule="no_code"``),
+    ``submitted`` (``submit`` called, under ``end_rule="task_completed"``), ``env_error``
+    (the interpreter could not be restarted and replayed). Truncated: ``max_turns``
+    messages. ``info["trajectory"]`` holds the episode at its end.
+
+    ## Arguments
+    ``tools``: top-level functions or ``"module:function"`` strings (default: the shop's).
+    ``tasks``: ``Task`` objects or ``{"id", "instruction", "answer"}`` dicts (default: the
+    shop's when ``tools`` is not given; required otherwise); ``options={"task_id": ...}``
+    at reset picks one, else the reset seed draws one.
+    ``step_timeout_s`` (10) bounds one block's wall-clock time; ``memory_mb`` (1024),
+    ``cpu_s`` (120), ``file_mb`` (16) are the interpreter's resource limits and
+    ``output_limit`` (100,000 characters) caps what one block prints.
+    ``sandbox`` (``"auto"``, ``"bwrap"``, ``"guard"``; see ``draco_gym.envs.os_sandbox``) is
+    the OS boundary around the interpreter, resolved here: ``"bwrap"`` raises
+    ``SandboxUnavailable`` when bubblewrap cannot run, ``"guard"`` (chosen, or ``"auto"``
+    falling back to it) warns once; ``env.sandbox`` says which was chosen.
+    ``read_only_paths`` adds files or folders the tools read (their data) to what the
+    sandboxed interpreter can see.
+    ``end_rule``, ``max_turns``, ``max_observation_chars``, ``multi_block``, ``languages``,
+    ``render_mode`` ("ansi") as in ``CodeStepEnv``.
+
+    ## Version history
+    - v0: the initial version.
+    """
 
     can_restore = True
 
