@@ -92,7 +92,7 @@ def test_max_turns_truncates():
     assert e.step(code("print(1)"))[3] is False
     _, _, term, trunc, info = e.step(code("print(2)"))
     assert trunc and not term and info["trajectory"].termination == Termination.MAX_TURNS
-    with pytest.raises(gym.error.ResetNeeded):
+    with pytest.raises(gym.error.ResetNeeded, match=r"the episode has ended \(max_turns\); call reset\(\)"):
         e.step(code("print(3)"))
     e.close()
 
@@ -204,7 +204,7 @@ def test_bad_configuration_and_reset_options():
         e.reset(options={"task_id": "nope"})
     with pytest.raises(ValueError, match="unknown reset options"):
         e.reset(options={"taskid": "sum"})
-    with pytest.raises(gym.error.ResetNeeded):
+    with pytest.raises(gym.error.ResetNeeded, match=r"call reset\(\) before step\(\)"):
         e.step(code("print(1)"))
     e.close()
 
