@@ -47,16 +47,16 @@ ENGINE_LOOP = textwrap.dedent("""
     from appworld import AppWorld
     # a world freezes the clock (freezegun patches time.perf_counter too): use the raw clock
     clock = lambda: time.clock_gettime(time.CLOCK_MONOTONIC)
-    sandbox = None
-    if len(sys.argv) > 1:  # the server's audit-hook sandbox, alone
+    audit_guard = None
+    if len(sys.argv) > 1:  # the server's audit-hook guard, alone
         sys.path.insert(0, sys.argv[1])
-        from engine_server import Sandbox
-        sandbox = Sandbox()
+        from engine_server import AuditGuard
+        audit_guard = AuditGuard()
     for line in sys.stdin:
         job = json.loads(line)
         world = AppWorld(task_id=job["task_id"], experiment_name="bench_engine", timeout_seconds=30)
-        if sandbox is not None:
-            world.shell.run_cell = sandbox.guard(world.shell.run_cell)
+        if audit_guard is not None:
+            world.shell.run_cell = audit_guard.guard(world.shell.run_cell)
         times = []
         for code in job["blocks"]:
             started = clock()

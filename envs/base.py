@@ -12,6 +12,18 @@ subclasses ``CodeStepEnv`` and implements these hooks:
                                     a code block to run (tau-bench: a tool call or a message
                                     to the customer) overrides this one hook, never ``step``.
 
+An environment whose world lives in another process that can die or hang (an interpreter,
+an engine server) implements ``_run`` and ``_restart`` instead of ``_execute``:
+
+    _run(code) -> Execution         run one block; raise ``WorldLost`` when the process died
+                                    or stopped answering
+    _restart()                      a fresh process holding the task as reset left it
+
+The default ``_execute`` then keeps every block that ran and, when the process is lost,
+restarts it and replays them (``_recover``), so the agent's earlier work survives; the lost
+block is reported failed and not replayed, and when the replay fails too the episode ends
+with termination ``env_error``.
+
 The base class owns everything that must behave the same across environments: finding the
 code block (``draco_gym.codeblock``), the end rule, the turn budget, observation truncation,
 and recording the episode as a ``Trajectory``. The Gymnasium reward is always 0: in this
@@ -110,6 +122,15 @@ class Execution:
     fatal: bool = False
 
 
+class WorldLost(RuntimeError):
+    """The process holding the episode's world died or stopped answering while running a
+    block, which therefore had no effect. ``error`` is the label the step reports."""
+
+    def __init__(self, message: str, error: str = "world_lost") -> None:
+        super().__init__(message)
+        self.error = error
+
+
 @dataclass
 class Outcome:
     """What one agent message did.
@@ -194,6 +215,7 @@ class CodeStepEnv(gym.Env[str, str]):
         self._termination: str | None = None
         self._metrics: dict[str, Any] = {}
         self._counts = {"parse_errors": 0, "exec_errors": 0}
+        self._executed: list[str] = []
 
     # -- hooks ---------------------------------------------------------------------------
 
@@ -201,7 +223,44 @@ class CodeStepEnv(gym.Env[str, str]):
         raise NotImplementedError
 
     def _execute(self, code: str) -> Execution:
-        raise NotImplementedError
+        """Run one block with ``_run``, keeping it for a replay; when its process is lost,
+        recover (``_recover``) and report the block failed, or end the episode if that fails."""
+        try:
+            execution = self._run(code)
+        except WorldLost as lost:
+            return self._lost_block(lost, self._recover())
+        self._executed.append(code)
+        return execution
+
+    # -- restart and replay (environments whose world lives in a process) -----------------
+
+    def _run(self, code: str) -> Execution:
+        raise NotImplementedError(f"{type(self).__name__} implements neither _execute nor _run")
+
+    def _restart(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot restart its world")
+
+    def _recover(self) -> str | None:
+        """A fresh process (``_restart``) with every block that ran this episode replayed in
+        order: the state the agent had before the lost block. Returns None when that worked,
+        else why it did not."""
+        try:
+            self._restart()
+            for code in self._executed:
+                self._run(code)
+        except Exception as exc:  # noqa: BLE001 - whatever stops the replay, the state is gone
+            return repr(exc)
+        return None
+
+    def _lost_block(self, lost: WorldLost, failure: str | None) -> Execution:
+        """What the agent sees after its block's process was lost; ``failure`` says why the
+        episode could not be restored (None: it was)."""
+        if failure is not None:
+            return Execution(output=f"Environment error: {lost}, and the episode could not be restored ({failure}).",
+                             error=lost.error, fatal=True)
+        return Execution(output=f"Execution failed: {lost}. The environment was restarted and your earlier code "
+                                "re-run, so the state is as it was before this block, which had no effect.",
+                         error=lost.error)
 
     def _evaluate(self) -> dict[str, Any]:
         return {}
@@ -234,6 +293,7 @@ class CodeStepEnv(gym.Env[str, str]):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
+        self._executed = []
         self._task = self._start(seed, dict(options or {}))
         self._steps = []
         self._termination = None

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from draco_gym.envs import os_sandbox
-from draco_gym.envs.base import CodeStepEnv, Execution
+from draco_gym.envs.base import CodeStepEnv, Execution, WorldLost
 from draco_gym.types import Task
 
 WORKER = os_sandbox.WORKER_SCRIPT
@@ -43,7 +43,7 @@ class SandboxError(RuntimeError):
     """The interpreter process could not start, died, or stopped answering."""
 
 
-class Sandbox:
+class SandboxedInterpreter:
     """One interpreter process with a private temporary directory, inside the OS sandbox
     when ``mode`` is ``"bwrap"`` (an already resolved mode: ``"bwrap"`` or ``"guard"``)."""
 
@@ -60,7 +60,7 @@ class Sandbox:
         start_timeout_s: float = 30.0,
     ) -> None:
         if mode not in ("bwrap", "guard"):
-            raise ValueError(f"Sandbox mode must be 'bwrap' or 'guard' (resolve 'auto' first), got {mode!r}")
+            raise ValueError(f"SandboxedInterpreter mode must be 'bwrap' or 'guard' (resolve 'auto' first), got {mode!r}")
         self.tools = list(tools)
         self.mode = mode
         self.limits = {"memory_mb": memory_mb, "cpu_s": cpu_s, "file_mb": file_mb, "output_limit": output_limit}
@@ -232,12 +232,55 @@ Task: {instruction}"""
 
 
 class PythonToolsEnv(CodeStepEnv):
-    """See the module docstring. Deterministic given the code, so episodes can be restored.
+    """Plain Python functions as tools; one step is one assistant message whose code block
+    runs in a persistent, sandboxed interpreter (see the module docstring). Without
+    ``tools``, the built-in shop (``draco_gym.envs.shop``: products, customers and orders
+    behind paged lookups, and tasks with exact answers) is the world. Deterministic given
+    the code, so episodes can be restored (``can_restore``).
 
-    ``sandbox`` (``"auto"``, ``"bwrap"``, ``"guard"``) is resolved here: ``"bwrap"`` raises
-    ``SandboxUnavailable`` when bubblewrap cannot run, ``"guard"`` (chosen or fallen back to)
-    warns once. ``read_only_paths`` adds files or folders the tools read (their data) to
-    what the sandboxed interpreter can see."""
+    ## Action space
+    ``UnicodeText``: the assistant message. Its one ```` ```python ```` block (or
+    ``<code>...</code>``) runs; several blocks follow ``multi_block``.
+
+    ## Observation space
+    ``UnicodeText``: at reset the agent prompt (the tools' signatures and docstrings,
+    ``submit(answer)``, the task); after a step what the block printed, its traceback, or a
+    parse error, cut to ``output_limit`` by the interpreter and in the middle to
+    ``max_observation_chars``. A block that runs past ``step_timeout_s`` or kills the
+    interpreter is reported failed; the interpreter is restarted and the episode's earlier
+    blocks re-run, so the agent's variables survive.
+
+    ## Rewards
+    Always 0: rewards come from the rubric layer. ``info["metrics"]`` at the end holds
+    ``submitted``, ``answer`` and, when the task has an ``answer``, ``success`` (numbers
+    within 1e-6 relative, text case- and space-insensitively).
+
+    ## Episode end
+    Terminated: ``no_code`` (a message without code, under ``end_rule="no_code"``),
+    ``submitted`` (``submit`` called, under ``end_rule="task_completed"``), ``env_error``
+    (the interpreter could not be restarted and replayed). Truncated: ``max_turns``
+    messages. ``info["trajectory"]`` holds the episode at its end.
+
+    ## Arguments
+    ``tools``: top-level functions or ``"module:function"`` strings (default: the shop's).
+    ``tasks``: ``Task`` objects or ``{"id", "instruction", "answer"}`` dicts (default: the
+    shop's when ``tools`` is not given; required otherwise); ``options={"task_id": ...}``
+    at reset picks one, else the reset seed draws one.
+    ``step_timeout_s`` (10) bounds one block's wall-clock time; ``memory_mb`` (1024),
+    ``cpu_s`` (120), ``file_mb`` (16) are the interpreter's resource limits and
+    ``output_limit`` (100,000 characters) caps what one block prints.
+    ``sandbox`` (``"auto"``, ``"bwrap"``, ``"guard"``; see ``draco_gym.envs.os_sandbox``) is
+    the OS boundary around the interpreter, resolved here: ``"bwrap"`` raises
+    ``SandboxUnavailable`` when bubblewrap cannot run, ``"guard"`` (chosen, or ``"auto"``
+    falling back to it) warns once; ``env.sandbox`` says which was chosen.
+    ``read_only_paths`` adds files or folders the tools read (their data) to what the
+    sandboxed interpreter can see.
+    ``end_rule``, ``max_turns``, ``max_observation_chars``, ``multi_block``, ``languages``,
+    ``render_mode`` ("ansi") as in ``CodeStepEnv``.
+
+    ## Version history
+    - v0: the initial version.
+    """
 
     can_restore = True
 
@@ -271,11 +314,11 @@ class PythonToolsEnv(CodeStepEnv):
         self._tool_docs = "\n\n".join(describe_tool(t) for t in tools)
         self._tasks = {t.id: t for t in (self._as_task(x) for x in tasks)}
         self.sandbox = os_sandbox.resolve_mode(sandbox, "PythonTools")
-        self._sandbox = Sandbox(self._tool_specs, mode=self.sandbox, read_only=[str(p) for p in read_only_paths],
-                                memory_mb=memory_mb, cpu_s=cpu_s, file_mb=file_mb, output_limit=output_limit)
+        self._interpreter = SandboxedInterpreter(
+            self._tool_specs, mode=self.sandbox, read_only=[str(p) for p in read_only_paths],
+            memory_mb=memory_mb, cpu_s=cpu_s, file_mb=file_mb, output_limit=output_limit)
         self._answer: Any = None
         self._submitted = False
-        self._replay: list[str] = []
 
     @property
     def task_ids(self) -> list[str]:
@@ -304,35 +347,32 @@ class PythonToolsEnv(CodeStepEnv):
         else:
             task_id = self.task_ids[int(self.np_random.integers(len(self._tasks)))]
         task = self._tasks[task_id]
-        self._sandbox.start()
-        self._answer, self._submitted, self._replay = None, False, []
+        self._interpreter.start()
+        self._answer, self._submitted = None, False
         prompt = PROMPT.format(tools=self._tool_docs, instruction=task.instruction)
         return task.model_copy(update={"agent_prompt": prompt})
 
-    def _execute(self, code: str) -> Execution:
+    def _run(self, code: str) -> Execution:
         try:
-            reply = self._sandbox.run(code, self.step_timeout_s)
+            reply = self._interpreter.run(code, self.step_timeout_s)
         except TimeoutError:
-            note = f"TimeoutError: the code ran longer than {self.step_timeout_s:g} s and was stopped."
-            return self._recover(note, "TimeoutError")
+            raise WorldLost(f"TimeoutError: the code ran longer than {self.step_timeout_s:g} s and was stopped.",
+                            "TimeoutError") from None
         except SandboxError as exc:
-            return self._recover(f"Error: {exc}.", "SandboxError")
-        self._replay.append(code)
+            raise WorldLost(f"Error: {exc}.", "SandboxError") from None
         if reply["submitted"]:
             self._answer, self._submitted = reply.get("answer"), True
         return Execution(output=reply["output"], error=reply["error"], submitted=reply["submitted"])
 
-    def _recover(self, note: str, error: str) -> Execution:
-        """Start a fresh interpreter and re-run the episode's earlier blocks, so the agent
-        keeps its variables; if that fails too, the episode ends as ``env_error``."""
-        try:
-            self._sandbox.start()
-            for block in self._replay:
-                self._sandbox.run(block, self.step_timeout_s)
-        except (TimeoutError, SandboxError) as exc:
-            return Execution(output=f"{note}\nThe session could not be restored ({exc!r}).", error=error, fatal=True)
-        restored = " Earlier steps were re-run, so their variables are back." if self._replay else ""
-        return Execution(output=f"{note} The Python session was restarted.{restored}", error=error)
+    def _restart(self) -> None:
+        self._interpreter.start()
+
+    def _lost_block(self, lost: WorldLost, failure: str | None) -> Execution:
+        if failure is not None:
+            return Execution(output=f"{lost}\nThe session could not be restored ({failure}).", error=lost.error,
+                             fatal=True)
+        restored = " Earlier steps were re-run, so their variables are back." if self._executed else ""
+        return Execution(output=f"{lost} The Python session was restarted.{restored}", error=lost.error)
 
     def _evaluate(self) -> dict[str, Any]:
         expected = self.task.metadata.get("answer")
@@ -342,11 +382,11 @@ class PythonToolsEnv(CodeStepEnv):
         return metrics
 
     def close(self) -> None:
-        self._sandbox.close()
+        self._interpreter.close()
         super().close()
 
     def __del__(self) -> None:
         try:
-            self._sandbox.close()
+            self._interpreter.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass

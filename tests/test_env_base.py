@@ -6,7 +6,7 @@ from __future__ import annotations
 import gymnasium as gym
 import pytest
 
-from draco_gym.envs.base import CodeStepEnv, Outcome
+from draco_gym.envs.base import CodeStepEnv, Execution, Outcome, WorldLost
 from draco_gym.types import Task, Termination
 
 
@@ -48,3 +48,62 @@ def test_the_turn_budget_applies_to_an_overridden_action():
     env.step("a")
     _, _, terminated, truncated, info = env.step("b")
     assert truncated and not terminated and info["trajectory"].termination == Termination.MAX_TURNS
+
+
+# -- restart and replay -------------------------------------------------------------------
+
+
+class Tally(CodeStepEnv):
+    """A world (a list of the blocks run) held by a 'process' that the block "crash" kills;
+    ``restart_fails`` makes every restart fail."""
+
+    def __init__(self, restart_fails=False, **kwargs):
+        super().__init__(**kwargs)
+        self.restart_fails = restart_fails
+        self.world: list[str] = []
+        self.restarts = 0
+
+    def _start(self, seed, options):
+        self.world = []
+        return Task(id="tally", instruction="count", agent_prompt="Run blocks.")
+
+    def _run(self, code):
+        if code == "crash":
+            raise WorldLost("the process died", "process_died")
+        self.world.append(code)
+        return Execution(output=",".join(self.world))
+
+    def _restart(self):
+        self.restarts += 1
+        if self.restart_fails:
+            raise RuntimeError("no process could start")
+        self.world = []
+
+
+def block(code):
+    return f"```python\n{code}\n```"
+
+
+def test_a_lost_process_is_restarted_and_the_earlier_blocks_replayed():
+    env = Tally()
+    env.reset()
+    env.step(block("a"))
+    env.step(block("b"))
+    observation, _, terminated, _, info = env.step(block("crash"))
+    assert not terminated and info["exec_error"] == "process_died"
+    assert "the process died" in observation and "re-run" in observation
+    assert env.restarts == 1 and env.world == ["a", "b"]  # replayed, the lost block left out
+    assert env.step(block("c"))[0] == "a,b,c"
+    env.reset()  # a new episode replays nothing of the last one
+    env.step(block("crash"))
+    assert env.restarts == 2 and env.world == []
+
+
+def test_a_failed_replay_ends_the_episode_as_env_error():
+    env = Tally(restart_fails=True)
+    env.reset()
+    env.step(block("a"))
+    observation, _, terminated, _, info = env.step(block("crash"))
+    assert terminated and env.termination == Termination.ENV_ERROR
+    assert "could not be restored" in observation and "no process could start" in observation
+    assert info["trajectory"].termination == Termination.ENV_ERROR

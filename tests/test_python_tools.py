@@ -92,7 +92,7 @@ def test_max_turns_truncates():
     assert e.step(code("print(1)"))[3] is False
     _, _, term, trunc, info = e.step(code("print(2)"))
     assert trunc and not term and info["trajectory"].termination == Termination.MAX_TURNS
-    with pytest.raises(gym.error.ResetNeeded):
+    with pytest.raises(gym.error.ResetNeeded, match=r"the episode has ended \(max_turns\); call reset\(\)"):
         e.step(code("print(3)"))
     e.close()
 
@@ -170,7 +170,7 @@ def test_infinite_loop_times_out_and_variables_are_restored():
 def test_killed_interpreter_is_restarted_and_replayed(env):
     env.reset(seed=0)
     env.step(code("w = add(3, 4)"))
-    os.killpg(env._sandbox._proc.pid, signal.SIGKILL)
+    os.killpg(env._interpreter._proc.pid, signal.SIGKILL)
     obs, _, term, _, info = env.step(code("print(w)"))
     assert info["exec_error"] == "SandboxError" and "died" in obs and not term
     assert env.step(code("print(w * 2)"))[0].strip() == "14"
@@ -178,7 +178,7 @@ def test_killed_interpreter_is_restarted_and_replayed(env):
 
 def test_close_leaves_no_process_or_directory(env):
     env.reset(seed=0)
-    pid, workdir = env._sandbox._proc.pid, env._sandbox.workdir
+    pid, workdir = env._interpreter._proc.pid, env._interpreter.workdir
     env.close()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
@@ -204,7 +204,7 @@ def test_bad_configuration_and_reset_options():
         e.reset(options={"task_id": "nope"})
     with pytest.raises(ValueError, match="unknown reset options"):
         e.reset(options={"taskid": "sum"})
-    with pytest.raises(gym.error.ResetNeeded):
+    with pytest.raises(gym.error.ResetNeeded, match=r"call reset\(\) before step\(\)"):
         e.step(code("print(1)"))
     e.close()
 

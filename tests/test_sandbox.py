@@ -301,7 +301,7 @@ def test_a_sandbox_started_from_a_thread_outlives_the_thread(mode):
         worker.start()
         worker.join()
         time.sleep(0.5)
-        assert env._sandbox._proc.poll() is None, "the interpreter died with the thread that started it"
+        assert env._interpreter._proc.poll() is None, "the interpreter died with the thread that started it"
         observation, _, _, _, info = env.step(fence("print(6 * 7)"))
         assert observation.strip() == "42" and info["exec_error"] is None
     finally:
@@ -321,7 +321,7 @@ def test_the_sandbox_dies_with_its_owner(tmp_path):
         from draco_gym.envs.python_tools import PythonToolsEnv
         env = PythonToolsEnv(sandbox="bwrap")
         env.reset(seed=0)
-        open({str(pid_file)!r}, "w").write(str(env._sandbox._proc.pid))
+        open({str(pid_file)!r}, "w").write(str(env._interpreter._proc.pid))
         time.sleep(600)
     """)])
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -47,14 +49,13 @@ def test_call_without_arguments_and_json_form():
     ],
 )
 def test_malformed_calls_are_rejected_with_a_reason(code, needle):
-    with pytest.raises(ToolCallError) as err:
+    with pytest.raises(ToolCallError, match=re.escape(needle)):
         parse_tool_call(code)
-    assert needle in str(err.value)
 
 
 def test_nothing_is_executed(tmp_path):
     marker = tmp_path / "ran"
-    with pytest.raises(ToolCallError):
+    with pytest.raises(ToolCallError, match="is not a JSON-like literal"):
         parse_tool_call(f"f(a=open({str(marker)!r}, 'w').write('x'))")
     assert not marker.exists()
 
@@ -83,20 +84,22 @@ def test_format_then_parse_round_trips(name, arguments):
 
 from draco_gym.envs.tau.actions import MAX_CALL_CHARS
 
-HOSTILE_CALLS = {
-    "deep sum": "f(a=" + "1+" * 5_000 + "1)",
-    "deep unary": "f(a=" + "-" * 10_000 + "1)",
-    "deep attribute": "f(a=" + "x." * 5_000 + "y)",
-    "deep JSON": '{"name": "f", "arguments": {"a": ' + "[" * 5_000 + "]" * 5_000 + "}}",
-    "deep brackets": "f(a=" + "[" * 5_000 + "]" * 5_000 + ")",
-    "many calls": "f()\n" * 4_000,
+TOO_DEEP = "the call is nested too deeply to read"
+HOSTILE_CALLS = {  # name: (call, what the agent is told)
+    "deep sum": ("f(a=" + "1+" * 5_000 + "1)", TOO_DEEP),
+    "deep unary": ("f(a=" + "-" * 10_000 + "1)", TOO_DEEP),
+    "deep attribute": ("f(a=" + "x." * 5_000 + "y)", TOO_DEEP),
+    "deep JSON": ('{"name": "f", "arguments": {"a": ' + "[" * 5_000 + "]" * 5_000 + "}}", TOO_DEEP),
+    "deep brackets": ("f(a=" + "[" * 5_000 + "]" * 5_000 + ")", "not valid Python syntax"),
+    "many calls": ("f()\n" * 4_000, "the block holds 4000 calls; make exactly one tool call per message"),
 }
 
 
 @pytest.mark.parametrize("name", list(HOSTILE_CALLS))
 def test_hostile_calls_are_tool_call_errors(name):
-    with pytest.raises(ToolCallError):
-        parse_tool_call(HOSTILE_CALLS[name])
+    call, message = HOSTILE_CALLS[name]
+    with pytest.raises(ToolCallError, match=re.escape(message)):
+        parse_tool_call(call)
 
 
 @pytest.mark.parametrize("unit", ["1+", "f()\n", "[", "x"])

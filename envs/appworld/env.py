@@ -3,7 +3,8 @@
 The environment is a thin client: the world lives in an engine server process (see
 ``server.py``) borrowed from a pool at the first reset and kept across episodes, so only
 the first episode of a process pays the server's start-up. Every code block that ran is
-remembered; that log is what makes the two recoveries possible:
+remembered (``CodeStepEnv``'s restart and replay); that log is what makes the two recoveries
+possible:
 
 - the server dies (killed, out of memory, stuck past the step timeout): a fresh server
   loads the task and replays the log, and the episode continues from the same state. The
@@ -26,7 +27,7 @@ from draco_gym.codeblock import DEFAULT_LANGUAGES, MultiBlockPolicy
 from draco_gym.envs.appworld.runtime import AppWorldRuntime, print_progress
 from draco_gym.envs.appworld.server import EnvServer, RemoteError, ServerDied, ServerError, ServerPool
 from draco_gym.envs.appworld.suite import TaskSource, resolve_source
-from draco_gym.envs.base import CodeStepEnv, EndRule, Execution
+from draco_gym.envs.base import CodeStepEnv, EndRule, Execution, WorldLost
 from draco_gym.envs.os_sandbox import SandboxMode, check_mode
 from draco_gym.types import Task
 
@@ -142,7 +143,6 @@ class AppWorldEnv(CodeStepEnv):
         self.step_timeout_s = step_timeout_s
         self.grace_s = grace_s
         self._server: EnvServer | None = None
-        self._executed: list[str] = []
         self.recoveries = 0
 
     # -- hooks ------------------------------------------------------------------------------
@@ -152,7 +152,6 @@ class AppWorldEnv(CodeStepEnv):
         if task_id is None:
             task_id = str(self.np_random.choice(self.task_ids))
         self._check_task_id(task_id)
-        self._executed = []
         info = self._load(task_id)
         task = info["task"]
         metadata = self.source.metadata(task_id)
@@ -178,36 +177,40 @@ class AppWorldEnv(CodeStepEnv):
         )
 
     def _execute(self, code: str) -> Execution:
-        if self._server is None or not self._server.alive:
-            # died between steps (killed from outside): rebuild the state, then run the block
-            if not self._recover():
-                return self._fatal("the environment server died and the episode could not be restored")
+        if not self._server_alive() and self._recover() is not None:
+            # died between steps (killed from outside): the state could not be rebuilt
+            return self._fatal("the environment server died and the episode could not be restored")
+        try:
+            return super()._execute(code)
+        except RemoteError as exc:  # the engine refused the request: nothing ran, nothing to replay
+            return Execution(output=f"Execution failed: {exc}", error="remote_error")
+
+    def _run(self, code: str) -> Execution:
         try:
             answer = self._server.request("POST", "/execute", {"code": code},
                                           timeout_s=self.step_timeout_s + self.grace_s)
         except ServerDied as exc:
-            if not self._recover():
-                return self._fatal(f"the environment server failed ({exc}) and the episode could not be restored")
-            return Execution(
-                output=(
-                    "Execution failed: the environment stopped while running this code "
-                    f"(it did not finish within {self.step_timeout_s} s, or it crashed the interpreter). "
-                    "The environment was restarted and your earlier code re-run, so the state is as it "
-                    "was before this block, which had no effect."
-                ),
-                error="server_died",
-            )
-        except RemoteError as exc:
-            return Execution(output=f"Execution failed: {exc}", error="remote_error")
-        self._executed.append(code)
+            raise WorldLost(str(exc), "server_died") from exc
         output = answer["output"]
         error = "execution_failed" if output.startswith("Execution failed") else None
         return Execution(output=output, error=error, submitted=bool(answer.get("submitted")))
 
+    def _lost_block(self, lost: WorldLost, failure: str | None) -> Execution:
+        if failure is not None:
+            return self._fatal(f"the environment server failed ({lost}) and the episode could not be restored")
+        return Execution(
+            output=(
+                "Execution failed: the environment stopped while running this code "
+                f"(it did not finish within {self.step_timeout_s} s, or it crashed the interpreter). "
+                "The environment was restarted and your earlier code re-run, so the state is as it "
+                "was before this block, which had no effect."
+            ),
+            error=lost.error,
+        )
+
     def _evaluate(self) -> dict[str, Any]:
-        if self._server is None or not self._server.alive:
-            if not self._recover():
-                raise ServerError("the environment server died before evaluation and could not be restored")
+        if not self._server_alive() and self._recover() is not None:
+            raise ServerError("the environment server died before evaluation and could not be restored")
         result = self._server.request("POST", "/evaluate", timeout_s=120)
         metadata = self.task.metadata
         return {
@@ -239,19 +242,16 @@ class AppWorldEnv(CodeStepEnv):
                 self._server.stop()
         raise AssertionError("unreachable")
 
-    def _recover(self) -> bool:
-        """Fresh server, same task, every executed block again. False if that failed too."""
+    def _server_alive(self) -> bool:
+        return self._server is not None and self._server.alive
+
+    def _restart(self) -> None:
+        """A fresh server with the task loaded (the base class then replays the blocks)."""
         self.recoveries += 1
-        try:
-            if self._server is None:
-                self._server = self.pool.acquire()
-            self._server.restart()
-            self._load(self.task.id)
-            for code in self._executed:
-                self._server.request("POST", "/execute", {"code": code}, timeout_s=self.step_timeout_s + self.grace_s)
-            return True
-        except (ServerError, RemoteError):
-            return False
+        if self._server is None:
+            self._server = self.pool.acquire()
+        self._server.restart()
+        self._load(self.task.id)
 
     def _fatal(self, message: str) -> Execution:
         return Execution(output=f"Environment error: {message}.", error="env_error", fatal=True)

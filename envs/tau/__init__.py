@@ -9,7 +9,7 @@ benchmark packages (and PettingZoo) are imported only when an environment is bui
 from draco_gym.envs.tau.actions import ToolCall, ToolCallError, parse_tool_call
 from draco_gym.envs.tau.backends import Backend, BackendError, Tau2Backend, TauV1Backend, make_backend
 from draco_gym.envs.tau.env import TauBenchEnv
-from draco_gym.envs.tau.evaluation import evaluate, pass_hat_k, run_episodes, success_rate, summarize
+from draco_gym.envs.tau.evaluation import evaluate, pass_hat_k, run_trials, success_rate, trial_summary
 from draco_gym.envs.tau.users import LLMUser, ScriptedUser, User, UserContext
 
 __all__ = [
@@ -28,7 +28,7 @@ __all__ = [
     "make_backend",
     "parse_tool_call",
     "pass_hat_k",
-    "run_episodes",
+    "run_trials",
     "success_rate",
-    "summarize",
+    "trial_summary",
 ]

@@ -22,7 +22,7 @@ from draco_gym.metrics import pass_hat_k as task_pass_hat_k
 Policy = Callable[[list[dict[str, str]]], str]
 
 
-def run_episodes(
+def run_trials(
     env: TauBenchEnv,
     policy: Policy,
     *,
@@ -76,14 +76,14 @@ def evaluate(
 ) -> dict[str, Any]:
     """Build a TauBench env from ``env_config`` (``TauBenchEnv`` keyword arguments, e.g.
     ``{"backend": "tau2", "domain": "retail", "user": {...}}``) and run ``policy`` on it;
-    returns ``{"summary": summarize(...), "results": ...}``. What an ``eval`` command calls."""
+    returns ``{"summary": trial_summary(...), "results": ...}``. What an ``eval`` command calls."""
     config = dict(env_config)
     env_id = config.pop("id", "draco_gym/TauBench-v0")
     if env_id != "draco_gym/TauBench-v0":
         raise ValueError(f"env id must be draco_gym/TauBench-v0, got {env_id!r}")
     env = TauBenchEnv(**config)
-    results = run_episodes(env, policy, task_ids=task_ids, n_trials=n_trials, seed=seed, on_episode=on_episode)
-    return {"summary": summarize(results), "results": results}
+    results = run_trials(env, policy, task_ids=task_ids, n_trials=n_trials, seed=seed, on_episode=on_episode)
+    return {"summary": trial_summary(results), "results": results}
 
 
 def _successes(runs: Sequence[Any]) -> list[bool]:
@@ -111,7 +111,7 @@ def success_rate(results: Mapping[str, Sequence[Any]]) -> float:
     return pass_hat_k(results, 1)
 
 
-def summarize(results: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
+def trial_summary(results: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
     """SR, mean reward and pass^k for every k up to the fewest runs of any task."""
     if not results:
         raise ValueError("no results to score")
