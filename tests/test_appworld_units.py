@@ -76,10 +76,12 @@ def test_appworld_is_registered_without_importing_the_engine():
     assert spec.entry_point == "draco_gym.envs.appworld.env:AppWorldEnv"
 
 
-def test_cli_lists_setup():
+def test_cli_setup_routes_appworld_to_its_runtime():
     from draco_gym.cli import SUBCOMMANDS
+    from draco_gym.setup_cli import TARGETS
 
-    assert SUBCOMMANDS["setup"][0] == "draco_gym.envs.appworld.setup_cli"
+    assert SUBCOMMANDS["setup"][0] == "draco_gym.setup_cli"
+    assert TARGETS["appworld"][0] == "draco_gym.envs.appworld.setup_cli"
 
 
 def test_setup_without_the_package_index_says_what_to_do(tmp_path, monkeypatch):
