@@ -155,11 +155,15 @@ def convert_smollm2(target: Path | None = None) -> Path:
     return target
 
 
-def build_tiny_llama(path: str | Path, *, seed: int = 0, vocab_size: int = 384) -> Path:
+def build_tiny_llama(path: str | Path, *, seed: int = 0, vocab_size: int = 384,
+                     corpus: list[str] | None = None, added_tokens: list[str] | None = None) -> Path:
     """A random-init 2-layer Llama with a byte-level BPE tokenizer trained on the spot.
 
     For tests and benchmarks of the real loading, generation and training code: it speaks
     ChatML, stops at ``<|im_end|>``, and builds in well under a second. Its output is noise.
+    ``corpus`` (texts of the target environment) replaces the default tokenizer corpus;
+    ``added_tokens`` become single tokens (e.g. whole actions, so that a test policy's
+    every choice is one token).
     """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -170,7 +174,7 @@ def build_tiny_llama(path: str | Path, *, seed: int = 0, vocab_size: int = 384) 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    corpus = [
+    corpus = corpus or [
         "```python\nprint(add(2, 3))\n```",
         "submit(answer)\nresult = multiply(4, 5)\n",
         "You are a helpful agent. Use the tools. The answer is 42.",
@@ -189,6 +193,8 @@ def build_tiny_llama(path: str | Path, *, seed: int = 0, vocab_size: int = 384) 
         tokenizer_object=bpe, pad_token="<|pad|>", bos_token="<|im_start|>", eos_token="<|im_end|>"
     )
     tokenizer.chat_template = CHATML_TEMPLATE
+    if added_tokens:
+        tokenizer.add_tokens(list(added_tokens))
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer),

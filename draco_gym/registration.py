@@ -20,6 +20,7 @@ ENVIRONMENTS: dict[str, str] = {
     "PythonTools-v0": "draco_gym.envs.python_tools:PythonToolsEnv",
     "TauBench-v0": "draco_gym.envs.tau.env:TauBenchEnv",
     "AppWorld-v0": "draco_gym.envs.appworld.env:AppWorldEnv",
+    "Corridor-v0": "draco_gym.envs.corridor:CorridorEnv",
 }
 
 

@@ -22,6 +22,7 @@ propose, augment, merge, score, attribute, ...); a stage asks the judge client
 from draco_gym.reward.answers import InvalidAnswer
 from draco_gym.reward.base import REWARDS, RubricReward, build_reward, discriminative_dropout, finalize_group
 from draco_gym.reward.combined import WeightedReward
+from draco_gym.reward.corridor import CorridorReward
 from draco_gym.reward.dynamic import DynamicRubricReward
 from draco_gym.reward.judge_client import DiskCache, JudgeClient, JudgeSettings, Price, StageFailed, UsageMeter
 from draco_gym.reward.judges import (
@@ -45,6 +46,7 @@ __all__ = [
     "JUDGES",
     "REWARDS",
     "STATIC_CRITERIA",
+    "CorridorReward",
     "DiskCache",
     "DynamicRubricReward",
     "FunctionJudge",

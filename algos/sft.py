@@ -1,0 +1,138 @@
+"""Supervised warm start: teach a policy the action format from demonstrations before RL.
+
+A base policy that never writes a well-formed code block gives GRPO groups with equal
+rewards and nothing to learn from. A few epochs of next-token training on demonstration
+episodes (reference solutions) fix the format; GRPO then improves the choices.
+
+Demonstrations are tokenised exactly as the rollout loop tokenises a live episode
+(``draco_gym.algos.chat.ChatFormat``): the prompt and every observation are context, and
+only the assistant turns (their end-of-turn token included) carry the loss. So the warm
+start trains the very token sequences the sampler will later produce.
+
+    examples = [demonstration(env, chat, task_id, messages) for ...]
+    train_supervised(model, examples, epochs=3, lr=3e-4)
+    warm_start(model_dir, examples, out_dir)        # LoRA, merged: a new base model dir
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """One episode's tokens and which of them the policy wrote (1) or read (0)."""
+
+    token_ids: list[int]
+    loss_mask: list[int]
+
+    @property
+    def n_policy_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+def demonstration(env, chat, task_id: str, messages: Sequence[str], *, max_prompt_tokens: int | None = None,
+                  seed: int | None = None) -> Demonstration:
+    """Play ``messages`` as the assistant's turns of ``task_id`` in ``env`` and record the
+    tokens as the rollout loop would. Raises if the episode ends before the last message
+    (a demonstration that does not fit the environment is a mistake in the data)."""
+    prompt, _ = env.reset(seed=seed, options={"task_id": task_id})
+    ids = chat.prompt_ids(prompt, max_prompt_tokens)
+    mask = [0] * len(ids)
+    for k, message in enumerate(messages):
+        turn = chat.encode(message) + [chat.eos_ids[0]]
+        ids += turn
+        mask += [1] * len(turn)
+        observation, _, terminated, truncated, _ = env.step(message)
+        if terminated or truncated:
+            if k != len(messages) - 1:
+                raise ValueError(f"demonstration for {task_id!r}: the episode ended after message {k + 1} "
+                                 f"of {len(messages)}")
+            break
+        gap = chat.observation_ids(observation, True)
+        ids += gap
+        mask += [0] * len(gap)
+    return Demonstration(ids, mask)
+
+
+def train_supervised(model, examples: Sequence[Demonstration], *, epochs: int = 3, lr: float = 3e-4,
+                     batch_size: int = 4, weight_decay: float = 0.0, grad_clip: float = 1.0, seed: int = 0,
+                     log: Callable[[dict], None] | None = None) -> list[float]:
+    """Next-token cross-entropy on the policy tokens of ``examples``, AdamW, shuffled
+    minibatches. Trains the parameters that require grad (the LoRA adapter, or all).
+    Returns the mean loss of each epoch."""
+    import torch
+
+    if not examples:
+        raise ValueError("no demonstrations to train on")
+    if any(e.n_policy_tokens == 0 for e in examples):
+        raise ValueError("a demonstration has no assistant tokens")
+    params = [p for p in model.parameters() if p.requires_grad]
+    optim = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    device = next(model.parameters()).device
+    rng = random.Random(seed)
+    order = list(range(len(examples)))
+    losses = []
+    model.train()
+    for epoch in range(epochs):
+        rng.shuffle(order)
+        total, count = 0.0, 0
+        for start in range(0, len(order), batch_size):
+            batch = [examples[i] for i in order[start : start + batch_size]]
+            width = max(len(e.token_ids) for e in batch)
+            ids = torch.zeros((len(batch), width), dtype=torch.long)
+            attn = torch.zeros_like(ids)
+            labels = torch.full_like(ids, -100)
+            for r, e in enumerate(batch):
+                n = len(e.token_ids)
+                ids[r, :n] = torch.tensor(e.token_ids)
+                attn[r, :n] = 1
+                labels[r, :n] = torch.where(torch.tensor(e.loss_mask) > 0, torch.tensor(e.token_ids), -100)
+            out = model(input_ids=ids.to(device), attention_mask=attn.to(device), labels=labels.to(device))
+            optim.zero_grad()
+            out.loss.backward()
+            if grad_clip:
+                torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            optim.step()
+            total += float(out.loss.detach()) * len(batch)
+            count += len(batch)
+        losses.append(total / count)
+        if log:
+            log({"epoch": epoch + 1, "loss": losses[-1]})
+    model.eval()
+    if not all(math.isfinite(x) for x in losses):
+        raise FloatingPointError(f"supervised loss diverged: {losses}")
+    return losses
+
+
+def warm_start(model_dir: str | Path, examples: Sequence[Demonstration], out_dir: str | Path, *,
+               lora: dict | None = None, epochs: int = 3, lr: float = 3e-4, batch_size: int = 4,
+               dtype: str = "float32", seed: int = 0, log: Callable[[dict], None] | None = None) -> dict:
+    """LoRA warm start of the model in ``model_dir`` on ``examples``, merged into the base
+    weights and saved with the tokenizer to ``out_dir``: a plain model directory that the
+    trainer loads like any other (GRPO then adds its own, fresh adapter on top, and its KL
+    reference is the warm-started model). Returns the losses and sizes."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from draco_gym.algos.module import add_lora, load_causal_lm
+
+    torch.manual_seed(seed)
+    model = add_lora(load_causal_lm(str(model_dir), dtype), lora or {}, seed)
+    losses = train_supervised(model, examples, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed, log=log)
+    merged = model.merge_and_unload()
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".tmp")
+    merged.save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(str(model_dir)).save_pretrained(tmp)
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return {"losses": losses, "examples": len(examples),
+            "policy_tokens": sum(e.n_policy_tokens for e in examples), "model": str(out)}
