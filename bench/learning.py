@@ -30,7 +30,7 @@ import numpy as np
 def iterations_to_threshold(algo, threshold: float, max_iters: int, window: int = 2) -> tuple[int, bool, list[float]]:
     curve = []
     for i in range(1, max_iters + 1):
-        curve.append(float(algo.train()["env/success"]))
+        curve.append(float(algo.train()["env_runners"]["env"]["success"]))
         if len(curve) >= window and np.mean(curve[-window:]) >= threshold:
             return i, True, curve
     return max_iters, False, curve
@@ -39,7 +39,7 @@ def iterations_to_threshold(algo, threshold: float, max_iters: int, window: int 
 def tabular_ratios(ps: list[float], seeds: int, rules: tuple[str, ...]) -> dict[float, dict[str, float]]:
     """``draco-gym bench credit``'s speed-up of each rule over uniform (uniform's episodes /
     the rule's) at each p, from its tabular simulation."""
-    from draco_gym.algos.credit.quality import run_benchmark
+    from draco_gym.bench.credit_quality import run_benchmark
 
     rows = run_benchmark(ps, seeds, rules=tuple(dict.fromkeys(("uniform", *rules))), log=lambda *_: None)
     return {r["p"]: {**{r2["rule"]: r2["speedup_x_uniform"] for r2 in rows if r2["p"] == r["p"]}} for r in rows}
@@ -64,13 +64,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from draco_gym.algos.learning import build_corridor_policy, corridor_config
 
+    out = Path(args.out)
     ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False)
     start = time.perf_counter()
     policy = build_corridor_policy(Path(tempfile.mkdtemp(prefix="corridor_policy_")))
     runs = []
-    for p in ps:
-        for rule in rules:
-            for seed in range(args.seeds):
+    for seed in range(args.seeds):  # seed-major: an interrupted run still compares every cell
+        for p in ps:
+            for rule in rules:
                 algo = corridor_config(policy, credit=rule, p=p, seed=seed).build_algo()
                 try:
                     iters, reached, curve = iterations_to_threshold(algo, args.threshold, args.max_iters)
@@ -78,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                     algo.stop()
                 runs.append({"p": p, "rule": rule, "seed": seed, "iterations": iters, "reached": reached,
                              "curve": curve})
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1))  # progress so far
                 print(f"p={p:.1f} {rule:<8} seed {seed}: {iters:>3} iterations{'' if reached else ' (not reached)'}"
                       f"  ({time.perf_counter() - start:5.0f} s)", flush=True)
     ray.shutdown()
@@ -97,8 +100,6 @@ def main(argv: list[str] | None = None) -> int:
     for p in ps:
         print(f"{p:>4.1f}  {summary[(p, 'uniform')] / summary[(p, 'draco')]:>21.2f}x  "
               f"{tabular[p]['draco']:>36.2f}x")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(args), "runs": runs,
                                "tabular_speedup": {str(p): v for p, v in tabular.items()}}, indent=1))
     p_head = 0.2 if 0.2 in ps else ps[len(ps) // 2]
