@@ -82,6 +82,8 @@ def iteration_metrics(groups: Sequence[dict], batch, timers: dict[str, float], t
         "judge/calls": usage["calls"], "judge/prompt_tokens": usage["prompt_tokens"],
         "judge/completion_tokens": usage["completion_tokens"], "judge/cost": float(usage["cost"]),
         "credit/inert_share": batch.inert_credit_share,
+        # groups whose rewards differ: with none, every advantage is 0 and nothing is learned
+        "credit/groups_with_spread": sum(float(np.std(g["score"].rewards)) > 1e-12 for g in groups),
         "credit/step_advantage_abs_mean": float(np.mean(step_credit)) if step_credit else 0.0,
         **{f"timers/phases/{phase}": seconds for phase, seconds in timers.items()},
         "timers/phases/other": max(total_s - sum(timers.values()), 0.0),

@@ -146,6 +146,11 @@ def train(config, resume: str | None = None) -> int:
     print(f"done in {time.time() - t0:.0f}s after {result.metrics.get('training_iteration')} iterations: "
           f"checkpoint {final} (LoRA adapter: {final / ADAPTER_DIR}), metrics {log.path}, plots {out / 'plots'}, "
           f"rollouts {out / 'rollouts.jsonl'}, TensorBoard: tensorboard --logdir {out / 'tune'}", flush=True)
+    from draco_gym.algos.evaluation import no_update_note
+
+    note = no_update_note(log.rows)
+    if note:
+        print(note, flush=True)
     return 0
 
 

@@ -45,6 +45,33 @@ def tabular_ratios(ps: list[float], seeds: int, rules: tuple[str, ...]) -> dict[
     return {r["p"]: {**{r2["rule"]: r2["speedup_x_uniform"] for r2 in rows if r2["p"] == r["p"]}} for r in rows}
 
 
+def report(runs: list[dict], ps: list[float], rules: tuple[str, ...], args) -> None:
+    """The table, the ratios beside ``bench credit``'s, and the headline ratio (last line)."""
+    out = Path(args.out)
+    seeds = len({r["seed"] for r in runs})
+    tabular = tabular_ratios(ps, seeds, rules)
+    print(f"\nGRPO on Corridor-v0 (4 rooms, 1 pivotal), iterations until success >= {args.threshold:.0%} "
+          f"(mean of 2 iterations), capped at {args.max_iters}; {seeds} seeds")
+    print(f"{'p':>4}  {'rule':<8} {'iterations':>15} {'reached':>8}")
+    summary = {}
+    for p in ps:
+        for rule in rules:
+            its = np.array([r["iterations"] for r in runs if r["p"] == p and r["rule"] == rule], dtype=float)
+            got = sum(r["reached"] for r in runs if r["p"] == p and r["rule"] == rule)
+            summary[(p, rule)] = float(its.mean())
+            print(f"{p:>4.1f}  {rule:<8} {its.mean():>7.1f} ± {its.std():<5.1f} {got:>4}/{len(its)}")
+    print(f"\n{'p':>4}  {'trainer uniform/draco':>22}  {'tabular uniform/draco (bench credit)':>37}")
+    for p in ps:
+        print(f"{p:>4.1f}  {summary[(p, 'uniform')] / summary[(p, 'draco')]:>21.2f}x  "
+              f"{tabular[p]['draco']:>36.2f}x")
+    if not args.summarize:
+        out.write_text(json.dumps({"args": vars(args), "runs": runs,
+                                   "tabular_speedup": {str(p): v for p, v in tabular.items()}}, indent=1))
+    p_head = 0.2 if 0.2 in ps else ps[len(ps) // 2]
+    print(f"uniform/draco iterations at p={p_head}: trainer {summary[(p_head, 'uniform')] / summary[(p_head, 'draco')]:.2f}x "
+          f"(tabular {tabular[p_head]['draco']:.2f}x)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
@@ -53,11 +80,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", type=float, default=0.75, help="success rate to reach")
     parser.add_argument("--max-iters", type=int, default=15)
     parser.add_argument("--out", default="bench/results/learning.json")
+    parser.add_argument("--summarize", action="store_true",
+                        help="only print the report of the runs saved in --out (e.g. an interrupted run)")
     args = parser.parse_args(argv)
     ps = [float(x) for x in args.ps.split(",")]
     rules = tuple(r.strip() for r in args.rules.split(",") if r.strip())
     if "uniform" not in rules or "draco" not in rules:
         parser.error("--rules must include draco and uniform (the ratio is uniform/draco)")
+
+    if args.summarize:
+        runs = json.loads(Path(args.out).read_text())["runs"]
+        report(runs, [p for p in ps if any(r["p"] == p for r in runs)], rules, args)
+        return 0
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
@@ -85,26 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"  ({time.perf_counter() - start:5.0f} s)", flush=True)
     ray.shutdown()
 
-    tabular = tabular_ratios(ps, args.seeds, rules)
-    print(f"\nGRPO on Corridor-v0 (4 rooms, 1 pivotal), iterations until success >= {args.threshold:.0%} "
-          f"(mean of 2 iterations), capped at {args.max_iters}; {args.seeds} seeds")
-    print(f"{'p':>4}  {'rule':<8} {'iterations':>15} {'reached':>8}")
-    summary = {}
-    for p in ps:
-        for rule in rules:
-            its = np.array([r["iterations"] for r in runs if r["p"] == p and r["rule"] == rule], dtype=float)
-            got = sum(r["reached"] for r in runs if r["p"] == p and r["rule"] == rule)
-            summary[(p, rule)] = float(its.mean())
-            print(f"{p:>4.1f}  {rule:<8} {its.mean():>7.1f} ± {its.std():<5.1f} {got:>4}/{len(its)}")
-    print(f"\n{'p':>4}  {'trainer uniform/draco':>22}  {'tabular uniform/draco (bench credit)':>37}")
-    for p in ps:
-        print(f"{p:>4.1f}  {summary[(p, 'uniform')] / summary[(p, 'draco')]:>21.2f}x  "
-              f"{tabular[p]['draco']:>36.2f}x")
-    out.write_text(json.dumps({"args": vars(args), "runs": runs,
-                               "tabular_speedup": {str(p): v for p, v in tabular.items()}}, indent=1))
-    p_head = 0.2 if 0.2 in ps else ps[len(ps) // 2]
-    print(f"uniform/draco iterations at p={p_head}: trainer {summary[(p_head, 'uniform')] / summary[(p_head, 'draco')]:.2f}x "
-          f"(tabular {tabular[p_head]['draco']:.2f}x)")
+    report(runs, ps, rules, args)
     return 0
 
 
