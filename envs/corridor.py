@@ -89,6 +89,16 @@ class CorridorEnv(CodeStepEnv):
         self._room = 1
         self._visits: list[list] = []
 
+    def reference_messages(self, task_id: str) -> list[str]:
+        """A reference solution of ``task_id``: the treasure door in the treasure room, the
+        lowest safe door in every hallway (demonstrations for a supervised warm start)."""
+        if task_id not in self.task_ids:
+            raise ValueError(f"unknown task_id {task_id!r}; this corridor has {self.task_ids}")
+        pivot = int(task_id.rsplit("-", 1)[1])
+        safe = min(d for d in range(self.n_doors) if d not in self.trap_doors)
+        return [f"```python\nopen_door({self.treasure_door if room == pivot else safe})\n```"
+                for room in range(1, self.n_rooms + 1)]
+
     def describe(self, room: int) -> str:
         kind = "the treasure room" if room == self._pivot else "a hallway"
         return f"Room {room} of {self.n_rooms}: {kind}."

@@ -1,0 +1,101 @@
+"""``draco-gym sft CONFIG.yaml``: a supervised LoRA warm start on the train tasks' reference solutions.
+
+It reads the same run config as ``draco-gym train`` (environment, train tasks, policy model,
+LoRA shape), asks the environment for each train task's reference solution
+(``env.unwrapped.reference_messages(task_id)``: the assistant messages of a solution), plays
+them through the environment so that the tokens are exactly those a rollout would hold,
+trains the policy on them (``draco_gym.algos.sft``) and writes the warm-started model,
+adapter merged, to ``OUTPUT_DIR/warm_start``. Train from it with
+``--set policy.model=OUTPUT_DIR/warm_start``: GRPO then measures and improves the
+warm-started policy, and its KL reference is that policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="YAML run config (the one you will train with)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    parser.add_argument("--out", help="where the warm-started model goes (default: OUTPUT_DIR/warm_start)")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--max-tasks", type=int, help="use only the first N train tasks")
+
+
+def demonstrations(env, chat, task_ids, *, max_prompt_tokens: int | None = None):
+    """One ``Demonstration`` per task that has a reference solution; the tasks without one
+    are returned apart, so the caller can say which."""
+    from draco_gym.algos.sft import demonstration
+
+    reference = getattr(env.unwrapped, "reference_messages", None)
+    if reference is None:
+        raise ValueError(f"{type(env.unwrapped).__name__} has no reference solutions "
+                         "(reference_messages(task_id)); a warm start needs demonstrations")
+    out, missing = [], []
+    for task_id in task_ids:
+        messages = reference(task_id)
+        if not messages:
+            missing.append(task_id)
+            continue
+        out.append(demonstration(env, chat, task_id, messages, max_prompt_tokens=max_prompt_tokens))
+    return out, missing
+
+
+def run(args: argparse.Namespace) -> int:
+    from draco_gym.algos.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config, list(args.set))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.epochs < 1 or args.lr <= 0 or args.batch_size < 1:
+        print("error: --epochs and --batch-size must be >= 1 and --lr > 0", file=sys.stderr)
+        return 2
+    from transformers import AutoTokenizer
+
+    from draco_gym.algos.chat import ChatFormat
+    from draco_gym.algos.env_runner import make_env
+    from draco_gym.algos.models import resolve_model
+    from draco_gym.algos.sft import warm_start
+
+    model = resolve_model(config.policy.model)
+    env = make_env(config.env.id, config.env.config)
+    try:
+        task_ids = list(config.env.task_ids or getattr(env.unwrapped, "task_ids", None) or [])
+        if args.max_tasks:
+            task_ids = task_ids[: args.max_tasks]
+        if not task_ids:
+            print(f"error: {config.env.id} lists no tasks; give env.task_ids", file=sys.stderr)
+            return 2
+        chat = ChatFormat.from_tokenizer(AutoTokenizer.from_pretrained(model))
+        examples, missing = demonstrations(env, chat, task_ids, max_prompt_tokens=config.rollout.max_prompt_tokens)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        env.close()
+    if missing:
+        print(f"{len(missing)} of {len(task_ids)} tasks have no reference solution, e.g. {missing[:3]}")
+    if not examples:
+        print("error: no demonstrations to train on", file=sys.stderr)
+        return 2
+    out = Path(args.out or Path(config.output_dir) / "warm_start")
+    print(f"warm start of {config.policy.model} on {len(examples)} reference solutions of {config.env.id}: "
+          f"{args.epochs} epochs, lr {args.lr}", flush=True)
+    t0 = time.time()
+    report = warm_start(model, examples, out, lora=config.policy.lora.model_dump(), epochs=args.epochs, lr=args.lr,
+                        batch_size=args.batch_size, dtype=config.policy.dtype, seed=config.seed,
+                        log=lambda row: print(f"  epoch {row['epoch']}: loss {row['loss']:.4f}", flush=True))
+    report["seconds"] = round(time.time() - t0, 1)
+    (out / "warm_start.json").write_text(json.dumps(report, indent=1))
+    print(f"warm-started model in {out} ({report['seconds']} s); train from it with "
+          f"--set policy.model={out}", flush=True)
+    return 0
