@@ -15,6 +15,7 @@ the final checkpoint at ``OUTPUT_DIR/checkpoint`` for ``draco-gym eval``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -31,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", metavar="CHECKPOINT",
                         help="continue from a checkpoint (adapter, optimizer, iteration count) up to `iterations`")
     parser.add_argument("--check", action="store_true", help="validate the config and exit")
+    parser.add_argument("--before-after", action="store_true",
+                        help="evaluate the policy on the eval tasks before and after training; write OUTPUT_DIR/summary.json")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,7 +55,25 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and not Path(args.resume).is_dir():
         print(f"error: --resume {args.resume}: no such checkpoint directory", file=sys.stderr)
         return 2
-    return train(config, resume=args.resume)
+    if not args.before_after:
+        return train(config, resume=args.resume)
+    from draco_gym.algos.before_after import evaluate_policy, table, write_summary
+
+    print("evaluating the policy before training ...", flush=True)
+    before = evaluate_policy(config, args.resume)
+    code = train(config, resume=args.resume)
+    if code:
+        return code
+    print("evaluating the trained policy ...", flush=True)
+    out = Path(config.output_dir)
+    after = evaluate_policy(config, out / "checkpoint")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    summary = write_summary(out, before, after, rows)
+    print(table(before, after))
+    for note in summary["notes"]:
+        print(note)
+    print(f"summary: {out / 'summary.json'}", flush=True)
+    return 0
 
 
 def prepare(config, *, env_config: dict | None = None, task_ids: list[str] | None = None) -> list[str]:
