@@ -1,4 +1,5 @@
-"""Unbiased estimators over repeated episodes of one task, shared by every evaluation.
+"""Numbers read from episode metrics, and unbiased estimators over repeated episodes of one
+task, shared by every evaluation.
 
 With n episodes of a task of which c succeeded:
     pass@k  P(at least one of k episodes drawn without replacement succeeds)
@@ -7,7 +8,18 @@ With n episodes of a task of which c succeeded:
 
 from __future__ import annotations
 
+import math
 from math import comb
+
+
+def finite_number(value) -> float | None:
+    """A metric's value as a float (booleans count as 0/1), or None when it is not a finite
+    number: env metrics are free-form, and a NaN or a string must not become a reward."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 def _check(n: int, c: int, k: int) -> None:

@@ -37,6 +37,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from draco_gym.metrics import finite_number
+
 # What the judge reads of a step by default (draco_gym.reward.render.render_trajectory's
 # max_message_chars and max_observation_chars; a test keeps the two in step). A longer
 # message or observation was shortened for the judge, and the report marks it.
@@ -92,14 +94,6 @@ def _flatten(row: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _number(value) -> float | None:
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        return float(value)
-    return None
-
-
 def find_metric(keys: list[str], names: tuple[str, ...]) -> str | None:
     """The first key that is one of ``names``, exactly or under a prefix."""
     for name in names:
@@ -133,7 +127,7 @@ def env_success(metrics: dict[str, Any]) -> bool | None:
         if key in metrics and metrics[key] is not None:
             return bool(metrics[key])
     passed, total = metrics.get("passed", metrics.get("tests_passed")), metrics.get("total", metrics.get("tests_total"))
-    if _number(passed) is not None and _number(total):
+    if finite_number(passed) is not None and finite_number(total):
         return passed == total
     return None
 
@@ -229,7 +223,7 @@ def _verdicts(record: dict) -> list[dict]:
 
 def _reward(record: dict) -> float:
     score = record.get("score") or {}
-    value = _number(score.get("reward"))
+    value = finite_number(score.get("reward"))
     if value is not None:
         return value
     p, f = score.get("p", 0), score.get("f", 0)
@@ -294,7 +288,7 @@ def summarise_group(group: _Group, gid: int, source: str, limits: Limits) -> tup
     for (line, record), r_i, a_i in zip(group.rows, rewards, advantages):
         traj, score = record["trajectory"], record.get("score") or {}
         steps, metrics, verdicts = traj.get("steps") or [], traj.get("metrics") or {}, _verdicts(record)
-        step_adv = [_number(a) for a in record.get("step_advantages") or []]  # None where not finite
+        step_adv = [finite_number(a) for a in record.get("step_advantages") or []]  # None where not finite
         if a_i != 0 and step_adv and None not in step_adv:
             nonzero += 1
             inert += all(math.isclose(a, a_i, rel_tol=1e-6, abs_tol=1e-9) for a in step_adv)
@@ -391,10 +385,10 @@ def _asset(name: str) -> str:
 
 
 def _series(rows: list[dict]) -> tuple[list[float], dict[str, list[float | None]]]:
-    keys = sorted({k for r in rows for k, v in r.items() if _number(v) is not None})
+    keys = sorted({k for r in rows for k, v in r.items() if finite_number(v) is not None})
     it_key = find_metric(keys, METRIC_NAMES["iteration"])
-    xs = [(_number(r.get(it_key)) if it_key else None) or float(i + 1) for i, r in enumerate(rows)]
-    return xs, {k: [_number(r.get(k)) for r in rows] for k in keys if k != it_key}
+    xs = [(finite_number(r.get(it_key)) if it_key else None) or float(i + 1) for i, r in enumerate(rows)]
+    return xs, {k: [finite_number(r.get(k)) for r in rows] for k in keys if k != it_key}
 
 
 def build_report(run_dir: str | Path, out: str | Path | None = None, *, limits: Limits | None = None,

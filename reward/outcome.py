@@ -8,9 +8,9 @@ reward. A trajectory without a usable value gets R_i = 0 and a recorded fallback
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
+from draco_gym.metrics import finite_number
 from draco_gym.reward.base import REWARDS, RubricReward, check_group
 from draco_gym.types import GroupScore, Task, Trajectory, TrajectoryScore
 
@@ -43,19 +43,11 @@ class OutcomeReward(RubricReward):
 
     def _value(self, metrics: dict) -> tuple[float, str | None]:
         if self.ratio is not None:
-            top, bottom = (_number(metrics.get(k)) for k in self.ratio)
+            top, bottom = (finite_number(metrics.get(k)) for k in self.ratio)
             if top is None or bottom is None or bottom <= 0:
                 return 0.0, f"metrics {self.ratio} missing or not a valid ratio"
             return top / bottom, None
-        value = _number(metrics.get(self.metric))
+        value = finite_number(metrics.get(self.metric))
         if value is None:
             return 0.0, f"metric {self.metric!r} missing or not a number"
         return value, None
-
-
-def _number(value) -> float | None:
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        return float(value)
-    return None
