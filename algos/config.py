@@ -189,12 +189,6 @@ class WandbSection(_Section):
                                                          "mode; `wandb login` works too), never the key itself")
     upload_checkpoints: bool = Field(False, description="also upload each checkpoint as a W&B artifact")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _no_secrets(cls, data):
-        reject_literal_secrets(data, "logging.wandb")
-        return data
-
 
 class MlflowSection(_Section):
     """MLflow through Tune's ``MLflowLoggerCallback``."""
@@ -206,12 +200,6 @@ class MlflowSection(_Section):
     tracking_token_env: str = Field("MLFLOW_TRACKING_TOKEN", description="the environment variable holding a "
                                                                        "server's token, never the token itself")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _no_secrets(cls, data):
-        reject_literal_secrets(data, "logging.mlflow")
-        return data
-
 
 class LoggingSection(_Section):
     """Trackers beside the TensorBoard files Tune always writes."""
@@ -220,6 +208,12 @@ class LoggingSection(_Section):
                                                          "api_key_env, upload_checkpoints}")
     mlflow: MlflowSection | None = Field(None, description="{tracking_uri, experiment_name, save_artifacts, "
                                                            "tracking_token_env}")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secrets(cls, data):
+        reject_literal_secrets(data, "logging")
+        return data
 
 
 def check_stop(stop: dict[str, float]) -> dict[str, float]:
