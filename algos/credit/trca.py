@@ -56,7 +56,7 @@ from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from draco_gym.algos.credit.core import CreditRule, group_advantages
 from draco_gym.types import STATE_KEY, GroupScore, Step, Task, Trajectory
@@ -357,8 +357,9 @@ def trca_rule(
     try:
         opts = TRCAOptions(lam=lam, gamma=gamma, step_weight=step_weight, context_key=context_key,
                            episode_advantage=episode_advantage, env_reward=env_reward, outcome_key=outcome_key)
-    except ValueError as exc:  # pydantic's message names the option
-        raise ValueError(f"trca credit options: {exc}") from None
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']} (got {e['input']!r})" for e in exc.errors())
+        raise ValueError(f"trca credit options: {problems}") from None
     key_of = _resolve_key(opts.context_key)
     needs_outcome = opts.episode_advantage == "outcome" or opts.env_reward == "outcome"
 
