@@ -171,6 +171,9 @@ def test_no_success_in_the_group_gives_zero_episode_advantage():
     assert outcome_advantages([0.0, 0.0, 0.0]) == [0.0, 0.0, 0.0]
     assert outcome_advantages([1.0, 1.0]) == [0.0, 0.0]  # all succeeded: no spread
     assert outcome_advantages([1.0, 0.0]) == pytest.approx([1.0, -1.0], abs=1e-5)
+    # partial outcomes (a share of tests passed) with no success: still no episode advantage
+    assert outcome_advantages([0.5, 0.25, 0.0]) == [0.0, 0.0, 0.0]
+    assert outcome_advantages([0.5, 0.0], success_threshold=0.5) == pytest.approx([1.0, -1.0], abs=1e-5)
     # two failing rollouts that did the same thing: whatever the rubric said, every a_t = 0
     same = [_rollout(["start", "s1"], [{"ev": ["e1"]}, {}], False) for _ in range(2)]
     rule = get_credit_rule("trca", families=FAMS, hits=hits_from_step_info)

@@ -44,7 +44,7 @@ Whose number each default is:
     step_weight w = 1 (a plain sum)    ours
     eps = 1e-6, 0 for a lone or
       spreadless key                   ours
-    success = outcome > 0              ours
+    success = outcome >= 1             ours (``success_threshold``)
 """
 
 from __future__ import annotations
@@ -225,10 +225,11 @@ def trca_credit(
     return out
 
 
-def outcome_advantages(outcomes: Sequence[float]) -> list[float]:
+def outcome_advantages(outcomes: Sequence[float], success_threshold: float = 1.0) -> list[float]:
     """TRCA's episode advantage: the group-relative advantage of the outcome, and 0 for every
-    rollout of a group where none succeeded (outcome > 0)."""
-    if not any(o > 0 for o in outcomes):
+    rollout of a group where none succeeded (outcome >= ``success_threshold``), so partial
+    outcomes (a share of tests passed) move nothing until some rollout succeeds."""
+    if not any(o >= success_threshold for o in outcomes):
         return [0.0] * len(outcomes)
     return group_advantages(outcomes)
 
@@ -331,6 +332,8 @@ class TRCAOptions(BaseModel):
     env_reward: Literal["outcome", "none"] = Field(
         "outcome", description="r_env: the outcome at the last step (ours, for envs whose Gymnasium reward is 0) or none")
     outcome_key: str = Field("success", description="the Trajectory.metrics entry holding the outcome")
+    success_threshold: float = Field(1.0, allow_inf_nan=False,
+                                     description="ours: a rollout succeeded when its outcome is at least this")
 
     @field_validator("context_key")
     @classmethod
@@ -349,6 +352,7 @@ def trca_rule(
     episode_advantage: str = "outcome",
     env_reward: str = "outcome",
     outcome_key: str = "success",
+    success_threshold: float = 1.0,
     families: Sequence[RuleFamily] | None = None,
     hits: Callable[[Trajectory], Sequence[StepHits]] | None = None,
 ) -> CreditRule:
@@ -356,7 +360,8 @@ def trca_rule(
     ``families`` say otherwise; see ``TRCAOptions`` for the rest."""
     try:
         opts = TRCAOptions(lam=lam, gamma=gamma, step_weight=step_weight, context_key=context_key,
-                           episode_advantage=episode_advantage, env_reward=env_reward, outcome_key=outcome_key)
+                           episode_advantage=episode_advantage, env_reward=env_reward, outcome_key=outcome_key,
+                           success_threshold=success_threshold)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']} (got {e['input']!r})" for e in exc.errors())
         raise ValueError(f"trca credit options: {problems}") from None
@@ -375,7 +380,7 @@ def trca_rule(
             group_hits = [hits(t) for t in trajectories]
         fams = tuple(families) if families is not None else families_from_reward(trajectories[0].task)
         outcomes = [_outcome(t, opts.outcome_key, i) for i, t in enumerate(trajectories)] if needs_outcome else None
-        episode = outcome_advantages(outcomes) if opts.episode_advantage == "outcome" else advantages
+        episode = outcome_advantages(outcomes, opts.success_threshold) if opts.episode_advantage == "outcome" else advantages
         env = None
         if opts.env_reward == "outcome":
             env = [[0.0] * (len(t.steps) - 1) + [o] if t.steps else [] for t, o in zip(trajectories, outcomes)]
