@@ -65,6 +65,7 @@ __all__ = [
     "CONTEXT_KEYS",
     "RuleFamily",
     "TRCAOptions",
+    "TRCARule",
     "outcome_advantages",
     "discounted_returns",
     "normalise_by_key",
@@ -365,26 +366,47 @@ def trca_rule(
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']} (got {e['input']!r})" for e in exc.errors())
         raise ValueError(f"trca credit options: {problems}") from None
-    key_of = _resolve_key(opts.context_key)
-    needs_outcome = opts.episode_advantage == "outcome" or opts.env_reward == "outcome"
+    return TRCARule(opts, families, hits)
 
-    def assign(trajectories: Sequence[Trajectory], group: GroupScore, advantages: Sequence[float]) -> list[list[float]]:
+
+class TRCARule:
+    """TRCA for one group (a ``CreditRule``). ``episode_advantages`` gives the A_i it builds
+    on, for whoever assigns a trajectory-level advantage outside the steps it credits (the
+    tokens of a turn without code get A_i): under the paper's reading that is the outcome's
+    A_i, not the rubric reward's that the trainer passes in."""
+
+    def __init__(self, opts: TRCAOptions, families: Sequence[RuleFamily] | None = None,
+                 hits: Callable[[Trajectory], Sequence[StepHits]] | None = None) -> None:
+        self.opts = opts
+        self.families = tuple(families) if families is not None else None
+        self.hits = hits
+        self.key_of = _resolve_key(opts.context_key)
+
+    def _outcomes(self, trajectories: Sequence[Trajectory]) -> list[float]:
+        return [_outcome(t, self.opts.outcome_key, i) for i, t in enumerate(trajectories)]
+
+    def episode_advantages(self, trajectories: Sequence[Trajectory], advantages: Sequence[float]) -> list[float]:
+        """A_i: from the outcome (0 in a group with no success), or ``advantages`` as given."""
+        if self.opts.episode_advantage == "reward":
+            return [float(a) for a in advantages]
+        return outcome_advantages(self._outcomes(trajectories), self.opts.success_threshold)
+
+    def __call__(self, trajectories: Sequence[Trajectory], group: GroupScore, advantages: Sequence[float]) -> list[list[float]]:
         if not trajectories:
             return []
-        if hits is None:
+        opts = self.opts
+        if self.hits is None:
             from draco_gym.reward.rules import rule_library
 
             library = rule_library(trajectories[0].task)
             group_hits = [library.transition_items(t) for t in trajectories]
         else:
-            group_hits = [hits(t) for t in trajectories]
-        fams = tuple(families) if families is not None else families_from_reward(trajectories[0].task)
-        outcomes = [_outcome(t, opts.outcome_key, i) for i, t in enumerate(trajectories)] if needs_outcome else None
-        episode = outcome_advantages(outcomes, opts.success_threshold) if opts.episode_advantage == "outcome" else advantages
+            group_hits = [self.hits(t) for t in trajectories]
+        fams = self.families if self.families is not None else families_from_reward(trajectories[0].task)
+        episode = self.episode_advantages(trajectories, advantages)
         env = None
-        if opts.env_reward == "outcome":
-            env = [[0.0] * (len(t.steps) - 1) + [o] if t.steps else [] for t, o in zip(trajectories, outcomes)]
-        keys = [[key_of(t, s) for s in t.steps] for t in trajectories]
+        if opts.env_reward == "outcome":  # sparse: the outcome arrives with the last step
+            env = [[0.0] * (len(t.steps) - 1) + [o] if t.steps else []
+                   for t, o in zip(trajectories, self._outcomes(trajectories))]
+        keys = [[self.key_of(t, s) for s in t.steps] for t in trajectories]
         return trca_credit(group_hits, episode, keys, fams, opts.lam, opts.gamma, opts.step_weight, env)
-
-    return assign
