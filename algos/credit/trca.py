@@ -19,7 +19,8 @@ compares the resulting returns between steps of the group that faced the same si
 where o_i is the rollout's outcome (``metrics["success"]``) and the mean and std of the
 step term run over the group's steps that share a context key s: the state the step was
 taken in (GiGPO's anchor states), which the environment names in ``Step.info["state_key"]``
-(``draco_gym.types.STATE_KEY``). A key seen fewer than twice, or with no spread, gives 0.
+(``draco_gym.types.STATE_KEY``); where an environment names none, the observation the step
+answered stands in. A key seen fewer than twice, or with no spread, gives 0.
 
 Repetition earns nothing new: re-reading the same record hits an Evidence item again (r^F)
 but covers nothing new (r^B = 0); with lambda = 0.8 most of the reward is breakthrough.
@@ -54,7 +55,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
