@@ -17,6 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 GAP = -1
 """Step index of a token that belongs to no step: prompt, observations, chat scaffolding."""
 
+STATE_KEY = "state_key"
+"""The ``Step.info`` entry where an environment names the state a step was taken in (its
+decision context): a short string, equal for steps of a group's rollouts that faced the same
+situation (AppWorld: the last API called; PythonTools: the last tool call; tau-bench: the last
+tool and the conversation stage). TRCA compares the returns of steps sharing a key."""
+
 
 class Termination:
     """Why an episode ended. Plain strings so that new environments can add their own."""

@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from draco_gym.envs import os_sandbox
-from draco_gym.envs.base import CodeStepEnv, Execution, WorldLost
-from draco_gym.types import Task
+from draco_gym.envs.base import CodeStepEnv, Execution, Outcome, WorldLost
+from draco_gym.envs.state_keys import START, call_key, last_call
+from draco_gym.types import STATE_KEY, Task
 
 WORKER = os_sandbox.WORKER_SCRIPT
 
@@ -261,6 +262,17 @@ class PythonToolsEnv(CodeStepEnv):
     (the interpreter could not be restarted and replayed). Truncated: ``max_turns``
     messages. ``info["trajectory"]`` holds the episode at its end.
 
+    ## State key
+    ``info["state_key"]`` (``draco_gym.types.STATE_KEY``) names the state the step was
+    taken in: the last tool call, with its arguments as written (``get_order('O1001')``),
+    of a block that ran without error (``"start"`` before any), read from the code. Steps
+    of a group with equal keys are compared by TRCA's credit.
+
+    ## Task metadata for the rule rubric
+    A task may declare its operator library, ``metadata["operators"]`` (the tool calls it
+    needs: ``{"evidence": [...], "execution": [...]}``); the shop's tasks do. The tools'
+    documentation is in the prompt, so no ``api_docs`` is declared.
+
     ## Arguments
     ``tools``: top-level functions or ``"module:function"`` strings (default: the shop's).
     ``tasks``: ``Task`` objects or ``{"id", "instruction", "answer"}`` dicts (default: the
@@ -279,7 +291,9 @@ class PythonToolsEnv(CodeStepEnv):
     ``render_mode`` ("ansi") as in ``CodeStepEnv``.
 
     ## Version history
-    - v0: the initial version.
+    - v0: the initial version; since this release each step's info carries ``state_key``
+      and the shop's tasks declare ``operators`` (additions only: episodes, observations
+      and metrics are unchanged).
     """
 
     can_restore = True
@@ -319,6 +333,8 @@ class PythonToolsEnv(CodeStepEnv):
             memory_mb=memory_mb, cpu_s=cpu_s, file_mb=file_mb, output_limit=output_limit)
         self._answer: Any = None
         self._submitted = False
+        self._tool_names = {spec.rpartition(":")[2].rpartition(".")[2] for spec in self._tool_specs}
+        self._state_key = START
 
     @property
     def task_ids(self) -> list[str]:
@@ -351,6 +367,19 @@ class PythonToolsEnv(CodeStepEnv):
         self._answer, self._submitted = None, False
         prompt = PROMPT.format(tools=self._tool_docs, instruction=task.instruction)
         return task.model_copy(update={"agent_prompt": prompt})
+
+    def _act(self, action: str) -> Outcome:
+        """The base class's step, plus the state key of the state the step was taken in."""
+        if not self._steps:
+            self._state_key = START
+        key = self._state_key
+        outcome = super()._act(action)
+        if outcome.code is not None and not outcome.exec_error:
+            called = last_call(outcome.code, self._tool_names.__contains__)
+            if called is not None:
+                self._state_key = call_key(*called)
+        outcome.info[STATE_KEY] = key
+        return outcome
 
     def _run(self, code: str) -> Execution:
         try:

@@ -108,6 +108,12 @@ def _order_total(order: dict) -> float:
     return round(sum(prices[i["product_id"]] * i["quantity"] for i in order["items"]), 2)
 
 
+def _operators(*reads: str) -> dict:
+    """The task's operator library for the rule rubric: the lookups its answer needs
+    (evidence) and ``submit`` (execution)."""
+    return {"operators": {"evidence": list(reads), "execution": ["submit"]}}
+
+
 def tasks() -> list[dict]:
     """24 tasks in four families, each answer computed from the world."""
     world = _world()
@@ -115,11 +121,12 @@ def tasks() -> list[dict]:
     out = []
     for n, order in enumerate(rng.sample(world["orders"], 6), start=1):
         out.append({"id": f"order-total-{n}", "answer": _order_total(order),
+                    "metadata": _operators("get_order", "get_product"),
                     "instruction": f"What is the total cost of order {order['id']}? An item costs its product's "
                                    "price times its quantity. Submit the number rounded to 2 decimals."})
     for n, customer in enumerate(rng.sample(world["customers"], 6), start=1):
         count = sum(o["customer_id"] == customer["id"] for o in world["orders"])
-        out.append({"id": f"order-count-{n}", "answer": count,
+        out.append({"id": f"order-count-{n}", "answer": count, "metadata": _operators("find_customer", "list_orders"),
                     "instruction": f"How many orders has {customer['name']} placed? Submit the number."})
     for n, category in enumerate(CATEGORIES + CATEGORIES[:2], start=1):
         products = [p for p in world["products"] if p["category"] == category]
@@ -127,10 +134,12 @@ def tasks() -> list[dict]:
         best = pick(products, key=lambda p: p["price"])
         word = "cheapest" if pick is min else "most expensive"
         out.append({"id": f"{'cheapest' if pick is min else 'priciest'}-{category}", "answer": best["name"],
+                    "metadata": _operators("list_products"),
                     "instruction": f"What is the name of the {word} product in the {category} category? Submit the name."})
     for n, customer in enumerate(rng.sample(world["customers"], 6), start=1):
         spent = round(sum(_order_total(o) for o in world["orders"] if o["customer_id"] == customer["id"]), 2)
         out.append({"id": f"customer-spend-{n}", "answer": spent,
+                    "metadata": _operators("find_customer", "list_orders", "get_product"),
                     "instruction": f"How much has {customer['name']} spent across all of their orders? "
                                    "Submit the number rounded to 2 decimals."})
     return out

@@ -2,25 +2,49 @@
 
 Each step (transition) is checked against rule items grouped in three families:
 
-    Evidence    (+)  the step gathered information the agent did not have
-    Execution   (+)  the step ran and moved the task forward
-    Invalidity  (-)  the step was malformed, failed, or repeated itself
+    Evidence    (+)  the step surfaced information the task needs
+    Execution   (+)  the step carried out one of the task's subgoals
+    Invalidity  (-)  the step was malformed, failed, or wasted a turn
 
 A hit item scores its family's budget divided by the family's item count (negative for
-Invalidity), so each family weighs the same whatever its number of items.
+Invalidity), so each family weighs the same whatever its number of items. The budgets (1.0
+each) are ours: the paper gives no values.
+
+Which items a task gets is its operator library (``rule_library(task)``), as in TRCA's
+per-benchmark operator libraries: items that test task-relevant evidence and subgoals, built
+from what the environment declares in ``Task.metadata``:
+
+    metadata["operators"]  {"evidence": [callables], "execution": [callables]}: the calls
+                           the task needs, e.g. AppWorld's ``apis.venmo.show_transactions``
+                           (evidence) and ``apis.venmo.create_transaction`` (execution),
+                           built by the environment from the task (the offline suite's
+                           reference solution, real AppWorld's API set). An item "calls X"
+                           is hit by a step whose code calls X and runs without error.
+    metadata["api_docs"]   True when the environment has API documentation the agent is
+                           meant to read (AppWorld's ``apis.api_docs``); only then is
+                           "Reads the API documentation" an item.
+
+Without operators the generic items below are the fallback for the positive families
+(Invalidity is always generic). Repetition is not an item: re-running an action covers
+nothing new, so TRCA's breakthrough reward (the rise in coverage) gives it nothing, and that
+is where the paper scores it.
+
+A criterion's title says what passing means: a positive item PASSes if some step hit it
+(citing those steps) and otherwise FAILs at the last step that ran code (where the missing
+behaviour mattered most); an Invalidity item ("Writes no code that raises an error") PASSes
+citing the steps that ran code when no step hit it, and otherwise FAILs citing the steps
+that did.
 
 Public pieces, for TRCA credit and any other consumer:
 
-    FAMILIES                      family name -> Family(sign, budget, items)
-    transition_items(trajectory)  per step: {family: [item names hit]}
-    item_score(family, item)      the signed score one hit of an item is worth
+    rule_library(task)            the task's RuleLibrary: families, item titles, rules
+    FAMILIES                      the generic families (no operators, no API docs)
+    transition_items(trajectory)  per step: {family: [item names hit]} (the task's library)
+    item_score(family, item)      the signed score one hit of a generic item is worth
     foundational_rewards(traj)    per step: r^F = sum of the scores of its hit items
 
 ``RuleRubricReward`` turns the same hits into DRACO verdicts with step citations, so
-the offline quickstart runs the whole pipeline (dropout, R_i, DRACO credit) with no judge:
-a positive item PASSes if any step hit it (citing those steps) and otherwise FAILs at the
-last step that ran code (where the missing behaviour mattered most); an Invalidity item
-FAILs citing the steps that hit it and otherwise PASSes citing the steps that ran code.
+the offline quickstart runs the whole pipeline (dropout, R_i, DRACO credit) with no judge.
 
 Rules read ``Step.info`` when the environment filled it (``parse.error``,
 ``exec_error``, ``submitted``) and fall back to the text (a traceback in the observation),
@@ -31,7 +55,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from draco_gym.reward.base import REWARDS, RubricReward, check_group, finalize_group
 from draco_gym.types import Criterion, GroupScore, Step, Task, Trajectory, Verdict
@@ -47,24 +71,8 @@ class Family:
         return self.sign * self.budget / len(self.items)
 
 
-FAMILIES: dict[str, Family] = {
-    "evidence": Family(+1, 1.0, ("reads_documentation", "observes_output", "novel_observation")),
-    "execution": Family(+1, 1.0, ("runs_cleanly", "recovers_from_error", "submits")),
-    "invalidity": Family(-1, 1.0, ("malformed_block", "execution_error", "repeats_action", "missing_block")),
-}
-
-ITEM_TITLES: dict[str, str] = {
-    "reads_documentation": "Reads API documentation before use",
-    "observes_output": "Observes the output of its code",
-    "novel_observation": "Obtains information not seen before",
-    "runs_cleanly": "Runs code without errors",
-    "recovers_from_error": "Changes approach after an error",
-    "submits": "Signals that the task is complete",
-    "malformed_block": "Writes a malformed code block",
-    "execution_error": "Runs code that raises an error",
-    "repeats_action": "Repeats an earlier action unchanged",
-    "missing_block": "Sends a turn with no code",
-}
+BUDGET = 1.0
+"""Every family's budget B_c (ours: the paper states none)."""
 
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)|^\s*\w*(?:Error|Exception)\b[:(]", re.MULTILINE)
 _DOCS = re.compile(r"\bapi_docs\b|\bhelp\(|\bshow_api_(?:doc|descriptions)\b|\bdocumentation\b", re.IGNORECASE)
@@ -81,10 +89,6 @@ def _exec_error(step: Step) -> bool:
     if "exec_error" in step.info:
         return step.info["exec_error"] is not None
     return bool(_TRACEBACK.search(step.observation))
-
-
-def _normalized(code: str) -> str:
-    return "\n".join(line.rstrip() for line in code.strip().splitlines() if line.strip())
 
 
 Rule = Callable[[Trajectory, int], bool]
@@ -112,6 +116,10 @@ def _runs_cleanly(t: Trajectory, j: int) -> bool:
     return t.steps[j].code is not None and not _exec_error(t.steps[j])
 
 
+def _normalized(code: str) -> str:
+    return "\n".join(line.rstrip() for line in code.strip().splitlines() if line.strip())
+
+
 def _recovers_from_error(t: Trajectory, j: int) -> bool:
     if j == 0 or not _runs_cleanly(t, j):
         return False
@@ -132,14 +140,6 @@ def _execution_error(t: Trajectory, j: int) -> bool:
     return _exec_error(t.steps[j])
 
 
-def _repeats_action(t: Trajectory, j: int) -> bool:
-    code = t.steps[j].code
-    if code is None:
-        return False
-    mine = _normalized(code)
-    return any(s.code is not None and _normalized(s.code) == mine for s in t.steps[:j])
-
-
 def _missing_block(t: Trajectory, j: int) -> bool:
     # A turn without code is the normal ending under DRACO's no_code rule; anywhere else
     # (or under the task_completed rule, where the episode goes on) it is a wasted turn.
@@ -150,32 +150,123 @@ def _missing_block(t: Trajectory, j: int) -> bool:
     return not is_last or t.termination != "no_code"
 
 
-RULES: dict[str, Rule] = {
-    "reads_documentation": _reads_documentation,
-    "observes_output": _observes_output,
-    "novel_observation": _novel_observation,
-    "runs_cleanly": _runs_cleanly,
-    "recovers_from_error": _recovers_from_error,
-    "submits": _submits,
-    "malformed_block": _malformed_block,
-    "execution_error": _execution_error,
-    "repeats_action": _repeats_action,
-    "missing_block": _missing_block,
+# name -> (title saying what PASS means, rule saying whether a step hit the item)
+GENERIC_ITEMS: dict[str, tuple[str, Rule]] = {
+    "reads_documentation": ("Reads the API documentation", _reads_documentation),
+    "observes_output": ("Gets output from its code", _observes_output),
+    "novel_observation": ("Obtains information not seen before", _novel_observation),
+    "runs_cleanly": ("Has code that runs without errors", _runs_cleanly),
+    "recovers_from_error": ("Changes approach after an error", _recovers_from_error),
+    "submits": ("Signals that the task is complete", _submits),
+    "malformed_block": ("Writes no malformed code block", _malformed_block),
+    "execution_error": ("Writes no code that raises an error", _execution_error),
+    "missing_block": ("Leaves no turn without code before the end", _missing_block),
 }
+
+GENERIC_FAMILIES: dict[str, tuple[str, ...]] = {
+    "evidence": ("observes_output", "novel_observation"),
+    "execution": ("runs_cleanly", "recovers_from_error", "submits"),
+    "invalidity": ("malformed_block", "execution_error", "missing_block"),
+}
+SIGNS = {"evidence": +1, "execution": +1, "invalidity": -1}
+OPERATOR_FAMILIES = ("evidence", "execution")
+OPERATOR_PREFIX = "calls:"
+"""Operator items are named ``calls:<callable>``, e.g. ``calls:apis.venmo.show_transactions``."""
+
+
+def _calls(name: str) -> Rule:
+    """A step hits "calls ``name``" when its code calls it (not as a prefix of a longer
+    name) and runs without error."""
+    pattern = re.compile(r"(?<![\w.])" + re.escape(name) + r"\s*\(")
+
+    def rule(t: Trajectory, j: int) -> bool:
+        step = t.steps[j]
+        return step.code is not None and not _exec_error(step) and bool(pattern.search(step.code))
+
+    return rule
+
+
+@dataclass(frozen=True)
+class RuleLibrary:
+    """One task's rule items: ``families`` (name -> Family), and per item its title and rule."""
+
+    families: dict[str, Family]
+    titles: dict[str, str]
+    rules: dict[str, Rule] = field(repr=False)
+
+    @property
+    def criteria(self) -> list[Criterion]:
+        return [
+            Criterion(
+                title=self.titles[item],
+                description=f"{name.capitalize()} rule '{item}' ({'rewarded' if spec.sign > 0 else 'penalised'}).",
+                evaluator_instruction="Decided by code from the step's code, observation and environment info.",
+                origin="rule",
+            )
+            for name, spec in self.families.items()
+            for item in spec.items
+        ]
+
+    def transition_items(self, trajectory: Trajectory) -> list[dict[str, list[str]]]:
+        """For each step (index 0 is step 1): ``{family: [names of the items it hit]}``,
+        every family present, items in the family's order."""
+        return [
+            {name: [item for item in spec.items if self.rules[item](trajectory, j)] for name, spec in self.families.items()}
+            for j in range(len(trajectory.steps))
+        ]
+
+
+def _operators(task: Task) -> dict[str, list[str]]:
+    declared = task.metadata.get("operators")
+    if declared is None:
+        return {}
+    where = f"task {task.id!r}: metadata['operators']"
+    if not isinstance(declared, dict) or set(declared) - set(OPERATOR_FAMILIES):
+        raise ValueError(f"{where} must map 'evidence' and/or 'execution' to lists of callable names, got {declared!r}")
+    out = {}
+    for family, names in declared.items():
+        if isinstance(names, str) or not all(isinstance(n, str) and re.fullmatch(r"[A-Za-z_][\w.]*", n) for n in names):
+            raise ValueError(f"{where}[{family!r}] must be a list of callable names like 'apis.app.api', got {names!r}")
+        out[family] = list(dict.fromkeys(names))
+    return out
+
+
+def rule_library(task: Task) -> RuleLibrary:
+    """The task's operator library (see the module docstring), generic items as the fallback."""
+    operators = _operators(task)
+    families: dict[str, Family] = {}
+    titles = {name: title for name, (title, _) in GENERIC_ITEMS.items()}
+    rules = {name: rule for name, (_, rule) in GENERIC_ITEMS.items()}
+    for family, generic in GENERIC_FAMILIES.items():
+        items = [OPERATOR_PREFIX + name for name in operators.get(family, [])] or list(generic)
+        if family == "evidence" and task.metadata.get("api_docs"):
+            items.insert(0, "reads_documentation")
+        families[family] = Family(SIGNS[family], BUDGET, tuple(items))
+    for family, names in operators.items():
+        verb = "Gets data from" if family == "evidence" else "Calls"
+        for name in names:
+            titles[OPERATOR_PREFIX + name] = f"{verb} {name}"
+            rules[OPERATOR_PREFIX + name] = _calls(name)
+    return RuleLibrary(families, titles, rules)
+
+
+_GENERIC = rule_library(Task(id="generic", instruction=""))
+FAMILIES: dict[str, Family] = _GENERIC.families
+"""The generic families: what a task with no operators and no API docs gets."""
+ITEM_TITLES: dict[str, str] = {name: title for name, (title, _) in GENERIC_ITEMS.items()}
+RULE_CRITERIA: tuple[Criterion, ...] = tuple(_GENERIC.criteria)
 
 
 def transition_items(trajectory: Trajectory) -> list[dict[str, list[str]]]:
-    """For each step (index 0 is step 1): ``{family: [names of the items it hit]}``,
-    every family present, items in the family's order."""
-    return [
-        {family: [item for item in spec.items if RULES[item](trajectory, j)] for family, spec in FAMILIES.items()}
-        for j in range(len(trajectory.steps))
-    ]
+    """For each step (index 0 is step 1): ``{family: [names of the items it hit]}`` under
+    the library of the trajectory's task, every family present, items in the family's order."""
+    return rule_library(trajectory.task).transition_items(trajectory)
 
 
-def item_score(family: str, item: str) -> float:
-    """What one hit of ``item`` scores: +-(family budget / family item count)."""
-    spec = FAMILIES[family]
+def item_score(family: str, item: str, task: Task | None = None) -> float:
+    """What one hit of ``item`` scores: +-(family budget / family item count), under the
+    library of ``task`` (the generic one by default)."""
+    spec = (FAMILIES if task is None else rule_library(task).families)[family]
     if item not in spec.items:
         raise KeyError(f"{item!r} is not an item of family {family!r}; items: {spec.items}")
     return spec.item_score()
@@ -183,44 +274,34 @@ def item_score(family: str, item: str) -> float:
 
 def foundational_rewards(trajectory: Trajectory) -> list[float]:
     """TRCA's foundational reward r^F per step: the sum of its hit items' scores."""
+    library = rule_library(trajectory.task)
     return [
-        sum(FAMILIES[family].item_score() * len(items) for family, items in hits.items())
-        for hits in transition_items(trajectory)
+        sum(library.families[family].item_score() * len(items) for family, items in hits.items())
+        for hits in library.transition_items(trajectory)
     ]
-
-
-RULE_CRITERIA: tuple[Criterion, ...] = tuple(
-    Criterion(
-        title=ITEM_TITLES[item],
-        description=f"{family.capitalize()} rule '{item}' ({'rewarded' if spec.sign > 0 else 'penalised'}).",
-        evaluator_instruction="Decided by code from the step's code, observation and environment info.",
-        origin="rule",
-    )
-    for family, spec in FAMILIES.items()
-    for item in spec.items
-)
 
 
 def _had_error(trajectory: Trajectory) -> bool:
     return any(_exec_error(s) or _parse_error(s) is not None for s in trajectory.steps)
 
 
-def rule_verdicts(trajectory: Trajectory) -> list[Verdict]:
-    """One verdict per rule item (in ``RULE_CRITERIA`` order), citing the steps behind it.
+def rule_verdicts(trajectory: Trajectory, library: RuleLibrary | None = None) -> list[Verdict]:
+    """One verdict per rule item (in the library's criteria order), citing the steps behind it.
 
     A positive item never hit FAILs at the last step that ran code: the action that ended
     the work without it (the closing message after it did nothing). "Changes approach after
     an error" is not applicable when nothing failed.
     """
-    hits = transition_items(trajectory)
+    library = library or rule_library(trajectory.task)
+    hits = library.transition_items(trajectory)
     n = len(trajectory.steps)
     with_code = [j + 1 for j in range(n) if trajectory.steps[j].code is not None] or list(range(1, n + 1))
     last_action = [with_code[-1]] if n else []
     verdicts = []
-    for family, spec in FAMILIES.items():
+    for family, spec in library.families.items():
         for item in spec.items:
             steps = [j + 1 for j, h in enumerate(hits) if item in h[family]]
-            title = ITEM_TITLES[item]
+            title = library.titles[item]
             if spec.sign > 0:
                 if steps:
                     verdicts.append(Verdict(criterion=title, score=1, cited_steps=steps, evidence=f"hit at steps {steps}"))
@@ -238,7 +319,7 @@ def rule_verdicts(trajectory: Trajectory) -> list[Verdict]:
 
 @REWARDS.register("rule")
 class RuleRubricReward(RubricReward):
-    """Judge-free rubric reward from the transition rules (see the module docstring):
+    """Judge-free rubric reward from the task's transition rules (see the module docstring):
     microseconds per trajectory, no network, verdicts with step citations."""
 
     name = "rule"
@@ -251,5 +332,6 @@ class RuleRubricReward(RubricReward):
 
     def score_group(self, task: Task, trajectories: Sequence[Trajectory]) -> GroupScore:
         trajectories = check_group(task, trajectories)
-        verdicts = [rule_verdicts(t) for t in trajectories]
-        return finalize_group(list(RULE_CRITERIA), verdicts, dropout=self.dropout)
+        library = rule_library(trajectories[0].task if trajectories else task)
+        verdicts = [rule_verdicts(t, library) for t in trajectories]
+        return finalize_group(library.criteria, verdicts, dropout=self.dropout)

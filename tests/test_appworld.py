@@ -341,3 +341,27 @@ def test_builder_is_deterministic(source, tmp_path):
     for path in sorted((builder / "data" / "tasks").rglob("*.json")):
         twin = tmp_path / "data" / path.relative_to(builder / "data")
         assert twin.read_text() == path.read_text(), path
+
+
+def test_reference_solution_hits_its_operator_library_and_names_states(env, source):
+    """On the real engine: the task's metadata carries its operator library, the reference
+    solution hits every item of it, and each step's state key is the last API called before it."""
+    from draco_gym.reward.rules import RuleRubricReward, rule_library
+    from draco_gym.types import STATE_KEY
+
+    task_id = "delete-tagged-notes_1"
+    metrics = run_blocks(env, task_id, source.ground_truth_file(task_id, "reference_solution.json"))
+    assert metrics["success"]
+    trajectory = env.trajectory()
+    assert trajectory.task.metadata["api_docs"] is True
+    assert trajectory.task.metadata["operators"] == source.operators(task_id)
+    assert [s.info[STATE_KEY] for s in trajectory.steps] == [
+        "start", "simple_note.login", "simple_note.search_notes", "simple_note.delete_note", "supervisor.complete_task"]
+    library = rule_library(trajectory.task)
+    hit = {item for step in library.transition_items(trajectory) for items in step.values() for item in items}
+    operators = [i for f in ("evidence", "execution") for i in library.families[f].items if i.startswith("calls:")]
+    assert len(operators) == 6 and set(operators) <= hit
+    verdicts = {v.criterion: v.score for v in RuleRubricReward(dropout=False).score_group(
+        trajectory.task, [trajectory]).scores[0].verdicts}
+    assert all(verdicts[library.titles[i]] == 1 for i in operators)
+    assert verdicts["Reads the API documentation"] == -1  # the reference solution never looks anything up

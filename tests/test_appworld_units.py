@@ -102,3 +102,71 @@ def test_setup_without_the_package_index_says_what_to_do(tmp_path, monkeypatch):
     assert "draco-gym setup appworld" in text and "PIP_INDEX_URL" in text
     assert not runtime.is_ready()  # never marked complete: the next call starts over
     assert any(m.startswith("[2/3]") for m in messages)
+
+
+# the offline suite's delete-tagged-notes_1, ground_truth/reference_solution.json as built
+DELETE_TAGGED_NOTES = [
+    "passwords = {a[\"account_name\"]: a[\"password\"] for a in apis.supervisor.show_account_passwords()}\n"
+    "profile = apis.supervisor.show_profile()\n"
+    "simple_note_token = apis.simple_note.login(username=profile[\"email\"], password=passwords[\"simple_note\"])[\"access_token\"]",
+    "notes, page = [], 0\nwhile True:\n    batch = apis.simple_note.search_notes(access_token=simple_note_token, "
+    "tags=[\"books\"], page_index=page, page_limit=20)\n    if not batch:\n        break\n    notes += batch\n    page += 1",
+    "for n in notes:\n    print(apis.simple_note.delete_note(access_token=simple_note_token, note_id=n[\"note_id\"]))",
+    "apis.supervisor.complete_task()",
+]
+
+
+def test_operator_library_of_an_offline_task(tmp_path):
+    """The rule rubric's items for delete-tagged-notes_1 come from its reference solution:
+    the reads as evidence, the actions as execution, and each is hit by the block that
+    makes that call (the generic items are gone from those families)."""
+    from draco_gym.reward.rules import rule_library
+    from draco_gym.types import Step, Task, Trajectory
+
+    data = _data_folder(tmp_path, {"train": ["delete-tagged-notes_1"]})
+    (data / "tasks" / "delete-tagged-notes_1" / "ground_truth" / "reference_solution.json").write_text(
+        json.dumps(DELETE_TAGGED_NOTES))
+    operators = TaskSource(tmp_path).operators("delete-tagged-notes_1")
+    assert operators == {
+        "evidence": ["apis.supervisor.show_account_passwords", "apis.supervisor.show_profile",
+                     "apis.simple_note.search_notes"],
+        "execution": ["apis.simple_note.login", "apis.simple_note.delete_note", "apis.supervisor.complete_task"],
+    }
+    task = Task(id="delete-tagged-notes_1", instruction="Delete my notes tagged books.",
+                metadata={"api_docs": True, "operators": operators})
+    library = rule_library(task)
+    assert library.families["evidence"].items == (
+        "reads_documentation", "calls:apis.supervisor.show_account_passwords", "calls:apis.supervisor.show_profile",
+        "calls:apis.simple_note.search_notes")
+    assert library.titles["calls:apis.simple_note.search_notes"] == "Gets data from apis.simple_note.search_notes"
+    assert library.titles["calls:apis.simple_note.delete_note"] == "Calls apis.simple_note.delete_note"
+    steps = [Step(index=i, text="t", code=code, observation="ok", info={"exec_error": None})
+             for i, code in enumerate(DELETE_TAGGED_NOTES, start=1)]
+    hits = library.transition_items(Trajectory(task=task, steps=steps))
+    assert [h["evidence"] for h in hits] == [
+        ["calls:apis.supervisor.show_account_passwords", "calls:apis.supervisor.show_profile"],
+        ["calls:apis.simple_note.search_notes"], [], []]
+    assert [h["execution"] for h in hits] == [
+        ["calls:apis.simple_note.login"], [], ["calls:apis.simple_note.delete_note"], ["calls:apis.supervisor.complete_task"]]
+    # a block that raised reaches no subgoal, even though it names the API
+    failed = steps[2].model_copy(update={"index": 1, "info": {"exec_error": "KeyError"}})
+    assert library.transition_items(Trajectory(task=task, steps=[failed]))[0]["execution"] == []
+
+
+def test_operator_library_of_a_real_appworld_task(tmp_path):
+    """Real AppWorld data has no reference_solution.json: the API set comes from the
+    compiled solution, read as AppWorld's GroundTruth.required_apis reads it."""
+    data = _data_folder(tmp_path, {"train": ["82e2fac_1"]})
+    (data / "tasks" / "82e2fac_1" / "ground_truth" / "compiled_solution.py").write_text(
+        "def solution(apis, requester):\n"
+        "    token = apis.spotify.login(username='a', password='b')['access_token']\n"
+        "    songs = apis.spotify.show_playlist(playlist_id=1, access_token=token)\n"
+        "    for s in songs:\n        apis.spotify.like_song(song_id=s, access_token=token)\n"
+        "    apis.api_docs.show_api_doc(app_name='spotify', api_name='like_song')\n"
+        "    apis.supervisor.complete_task()\n")
+    assert TaskSource(tmp_path).operators("82e2fac_1") == {
+        "evidence": ["apis.spotify.show_playlist"],
+        "execution": ["apis.spotify.login", "apis.spotify.like_song", "apis.supervisor.complete_task"],
+    }
+    _data_folder(tmp_path / "bare", {"train": ["x_1"]})
+    assert TaskSource(tmp_path / "bare").operators("x_1") == {"evidence": [], "execution": []}

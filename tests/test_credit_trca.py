@@ -1,4 +1,5 @@
-"""TRCA: hand-computed rewards, returns and keyed normalisation, and the registry rule."""
+"""TRCA: hand-computed rewards, returns and keyed normalisation; the paper's rule (outcome advantage,
+environment reward, state-keyed groups) through the registry; operator libraries."""
 
 import math
 
@@ -9,13 +10,16 @@ from hypothesis import strategies as st
 from draco_gym.algos.credit import CREDIT_RULES, get_credit_rule
 from draco_gym.algos.credit.trca import (
     RuleFamily,
+    TRCAOptions,
     discounted_returns,
     families_from_reward,
+    hits_from_step_info,
     normalise_by_key,
+    outcome_advantages,
     trca_credit,
     trca_step_rewards,
 )
-from draco_gym.types import GroupScore, Step, Task, Trajectory
+from draco_gym.types import STATE_KEY, GroupScore, Step, Task, Trajectory
 
 # Families of the hand example: item scores s_c = B_c / M_c
 #   ev  (+, B=1, 2 items) -> 0.5      ex (+, B=2, 1 item) -> 2      inv (-, B=1, 2 items) -> 0.5
@@ -112,49 +116,145 @@ def test_bad_options():
         get_credit_rule("trca", context_key="nope")
 
 
-# -- against the reward layer's rules, and through the registry -----------------------------
+# -- the paper's TRCA through the registry: outcome, env reward, state-keyed groups ----------
 
 
-def _traj(codes_and_outputs, task_id="t"):
-    steps = []
-    for i, (code, obs, extra) in enumerate(codes_and_outputs, start=1):
-        text = f"```python\n{code}\n```" if code else "Done."
-        steps.append(Step(index=i, text=text, code=code, observation=obs, n_tokens=10, info=extra))
-    return Trajectory(task=Task(id=task_id, instruction="find it"), steps=steps, termination="no_code")
+def _rollout(states, items, success, task=Task(id="t", instruction="find it")):
+    """A rollout whose steps carry their state key and the rule items they hit."""
+    steps = [Step(index=i, text=f"step {i}", code=f"x = {i}", observation=str(i), n_tokens=4,
+                  info={STATE_KEY: state, "rule_items": hit})
+             for i, (state, hit) in enumerate(zip(states, items), start=1)]
+    return Trajectory(task=task, steps=steps, termination="no_code", metrics={"success": success})
 
 
-def _group():
-    good = _traj([("print(find('a'))", "found a", {"exec_error": None}),
-                  ("print(get(1))", "item 1", {"exec_error": None}),
-                  ("submit(1)", "submitted", {"exec_error": None, "submitted": True}),
-                  (None, "", {})])
-    bad = _traj([("print(find('a'))", "found a", {"exec_error": None}),
-                 ("print(find('a'))", "found a", {"exec_error": None}),
-                 ("x = 1/0", "ZeroDivisionError: division by zero", {"exec_error": "ZeroDivisionError"}),
-                 (None, "", {})])
-    return [good, bad]
+def test_worked_example_env_reward_and_state_keyed_groups():
+    """Three rollouts of one task, the first one succeeds. Families FAMS (item scores
+    ev 0.5, ex 2, inv 0.5), lambda = 0.8 and gamma = 0.95 (the paper's).
+
+    Episode advantage from the outcome o = [1, 0, 0]: mean 1/3, std sqrt(2/9) = 0.471405,
+        A = [2/3, -1/3, -1/3] / 0.471405 = [1.414214, -0.707107, -0.707107]
+
+    Rewards (r = 0.2 r^F + 0.8 r^B) and r_env (the outcome at the last step):
+        A: step 1 at "start" ev{e1}: r = 0.5;   step 2 at "s1" ex{x1}: r = 2,  r_env = 1
+        B: step 1 at "start" ev{e1}: r = 0.5;   step 2 at "s1" inv{i1}: r^F = -0.5, r^B = 0,
+                                                 r = -0.1, r_env = 0
+        C: step 1 at "start" nothing: r = 0;    step 2 at "s2" ev{e1}: r = 0.5, r_env = 0
+    Returns R_t = r_env_t + r_t + 0.95 R_{t+1}:
+        A: R2 = 1 + 2 = 3,   R1 = 0.5 + 0.95 * 3 = 3.35
+        B: R2 = -0.1,        R1 = 0.5 - 0.095 = 0.405
+        C: R2 = 0.5,         R1 = 0 + 0.475 = 0.475
+    Groups by state:
+        "start" {3.35, 0.405, 0.475}: mean 1.41, std sqrt(5.64785 / 3) = 1.372085
+                -> [1.413907, -0.732462, -0.681445]
+        "s1"    {3, -0.1}: mean 1.45, std 1.55 -> A +1, B -1
+        "s2"    {0.5}: alone -> 0
+    a = A_i + step term:
+        A: [1.414214 + 1.413907, 1.414214 + 1] = [2.828121, 2.414214]
+        B: [-0.707107 - 0.732462, -0.707107 - 1] = [-1.439569, -1.707107]
+        C: [-0.707107 - 0.681445, -0.707107 + 0] = [-1.388552, -0.707107]
+    """
+    group = [_rollout(["start", "s1"], [{"ev": ["e1"]}, {"ex": ["x1"]}], True),
+             _rollout(["start", "s1"], [{"ev": ["e1"]}, {"inv": ["i1"]}], False),
+             _rollout(["start", "s2"], [{}, {"ev": ["e1"]}], False)]
+    rule = get_credit_rule("trca", families=FAMS, hits=hits_from_step_info)
+    out = rule(group, GroupScore(), [0.0, 0.0, 0.0])  # the rubric's advantages are not TRCA's
+    assert out[0] == pytest.approx([2.828121, 2.414214], abs=1e-5)
+    assert out[1] == pytest.approx([-1.439569, -1.707107], abs=1e-5)
+    assert out[2] == pytest.approx([-1.388552, -0.707107], abs=1e-5)
+    # the A_i it builds on, for the tokens of turns it does not credit: the outcome's
+    assert rule.episode_advantages(group, [0.0, 0.0, 0.0]) == pytest.approx([1.414214, -0.707107, -0.707107], abs=1e-5)
+    # grouped by turn instead, C's step 2 (a different state) would be compared with A's and B's
+    by_turn = get_credit_rule("trca", families=FAMS, hits=hits_from_step_info, context_key="index")(
+        group, GroupScore(), [0.0, 0.0, 0.0])
+    assert by_turn[2][1] != pytest.approx(-0.707107, abs=1e-3)
 
 
-def test_foundational_matches_reward_layer():
-    from draco_gym.reward.rules import foundational_rewards, transition_items
+def test_no_success_in_the_group_gives_zero_episode_advantage():
+    assert outcome_advantages([0.0, 0.0, 0.0]) == [0.0, 0.0, 0.0]
+    assert outcome_advantages([1.0, 1.0]) == [0.0, 0.0]  # all succeeded: no spread
+    assert outcome_advantages([1.0, 0.0]) == pytest.approx([1.0, -1.0], abs=1e-5)
+    # partial outcomes (a share of tests passed) with no success: still no episode advantage
+    assert outcome_advantages([0.5, 0.25, 0.0]) == [0.0, 0.0, 0.0]
+    assert outcome_advantages([0.5, 0.0], success_threshold=0.5) == pytest.approx([1.0, -1.0], abs=1e-5)
+    # two failing rollouts that did the same thing: whatever the rubric said, every a_t = 0
+    same = [_rollout(["start", "s1"], [{"ev": ["e1"]}, {}], False) for _ in range(2)]
+    rule = get_credit_rule("trca", families=FAMS, hits=hits_from_step_info)
+    assert rule(same, GroupScore(), [1.0, -1.0]) == [[0.0, 0.0], [0.0, 0.0]]
+    # the outcome-blind variant takes the rubric's advantage instead
+    blind = get_credit_rule("trca", families=FAMS, hits=hits_from_step_info, episode_advantage="reward",
+                            env_reward="none")
+    assert blind(same, GroupScore(), [1.0, -1.0]) == [[1.0, 1.0], [-1.0, -1.0]]
 
-    fams = families_from_reward()
-    for traj in _group():
-        r_f, _, _ = trca_step_rewards(transition_items(traj), fams)
-        assert r_f == pytest.approx(foundational_rewards(traj))
+
+def test_missing_outcome_is_a_clear_error():
+    traj = _rollout(["start"], [{}], True).model_copy(update={"metrics": {}})
+    with pytest.raises(ValueError, match=r"metrics\['success'\] is missing.*episode_advantage='reward'"):
+        get_credit_rule("trca", families=FAMS, hits=hits_from_step_info)([traj, traj], GroupScore(), [0.0, 0.0])
 
 
-def test_registry_rule_on_trajectories():
+def test_repetition_is_scored_under_breakthrough():
+    """Running the same lookup twice: the second run still observes output (foundational)
+    but covers nothing new (breakthrough 0), and no Invalidity item penalises it."""
     from draco_gym.reward.rules import transition_items
 
-    assert "trca" in CREDIT_RULES
-    trajs = _group()
-    rule = get_credit_rule("trca")
-    out = rule(trajs, GroupScore(), [1.0, -1.0])
-    expected = trca_credit([transition_items(t) for t in trajs], [1.0, -1.0], families=families_from_reward())
-    assert [pytest.approx(row) for row in expected] == out
-    # the successful rollout's steps beat the failing one's at the same turn, where they differ
-    assert out[0][1] > out[1][1] and out[0][2] > out[1][2]
-    # keyed by context, the identical first steps (same prompt) share one pool
-    by_context = get_credit_rule("trca", context_key="context")(trajs, GroupScore(), [0.0, 0.0])
-    assert by_context[0][0] == pytest.approx(-by_context[1][0])
+    task = Task(id="shop", instruction="price of P1?")
+    steps = [Step(index=i, text="t", code="print(get_product('P1'))", observation="{'price': 3}",
+                  info={"exec_error": None}) for i in (1, 2)]
+    traj = Trajectory(task=task, steps=steps, termination="max_turns")
+    hits = transition_items(traj)
+    assert hits[1] == {"evidence": ["observes_output"], "execution": ["runs_cleanly"], "invalidity": []}
+    r_f, r_b, r = trca_step_rewards(hits, families_from_reward(task))
+    # step 1: observes, novel (1/2 each) + runs (1/3) = 4/3, all new; step 2: 1/2 + 1/3, nothing new
+    assert r_f == pytest.approx([4 / 3, 5 / 6])
+    assert r_b == pytest.approx([4 / 3, 0.0])
+    assert r == pytest.approx([4 / 3, 0.2 * 5 / 6])
+
+
+def test_api_doc_item_only_in_families_of_a_documented_task():
+    calc = Task(id="calc", instruction="6 * 7?")
+    assert all("reads_documentation" not in f.items for f in families_from_reward(calc))
+    documented = calc.model_copy(update={"metadata": {"api_docs": True}})
+    assert "reads_documentation" in families_from_reward(documented)[0].items
+
+
+def test_operator_library_items_drive_credit():
+    """A shop task's library (the lookups it needs, then submit): the rollout that looks the
+    order up and submits hits its operators; the one that only lists products hits none."""
+    from draco_gym.envs.shop import tasks
+
+    spec = next(t for t in tasks() if t["id"] == "order-total-1")
+    task = Task(id=spec["id"], instruction=spec["instruction"], metadata=spec["metadata"])
+    fams = {f.name: f.items for f in families_from_reward(task)}
+    assert fams == {"evidence": ("calls:get_order", "calls:get_product"), "execution": ("calls:submit",),
+                    "invalidity": ("malformed_block", "execution_error", "missing_block")}
+
+    def rollout(codes, success, states):
+        steps = [Step(index=i, text="t", code=c, observation="out", info={"exec_error": None, STATE_KEY: k})
+                 for i, (c, k) in enumerate(zip(codes, states), start=1)]
+        return Trajectory(task=task, steps=steps, termination="max_turns", metrics={"success": success})
+
+    good = rollout(["o = get_order('O1')", "p = [get_product(i['product_id']) for i in o['items']]", "submit(3.5)"],
+                   True, ["start", "get_order('O1')", "get_product(i['product_id'])"])
+    bad = rollout(["print(list_products())", "print(list_products(page=2))", "submit(1)"],
+                  False, ["start", "list_products()", "list_products(page=2)"])
+    from draco_gym.reward.rules import rule_library
+
+    hits = rule_library(task).transition_items(good)
+    assert [h["evidence"] + h["execution"] for h in hits] == [["calls:get_order"], ["calls:get_product"], ["calls:submit"]]
+    assert all(not h["evidence"] for h in rule_library(task).transition_items(bad))
+    out = get_credit_rule("trca")([good, bad], GroupScore(), [0.0, 0.0])
+    # step 1 shares the state "start": the lookup of the order beats the product listing
+    assert out[0][0] > out[1][0]
+    assert out[0][0] - 1.0 == pytest.approx(1.0, abs=1e-4) and out[1][0] + 1.0 == pytest.approx(-1.0, abs=1e-4)
+    # later steps are in states no other rollout reached: only the episode advantage
+    assert out[0][1:] == pytest.approx([1.0, 1.0], abs=1e-4) and out[1][1:] == pytest.approx([-1.0, -1.0], abs=1e-4)
+
+
+def test_options_are_declared_with_whose_number_they_are():
+    from draco_gym.algos.config import schema_text
+
+    text = schema_text(TRCAOptions)
+    assert "context_key: state  # which steps are compared: state (paper" in text
+    assert "index (the turn number)" in text and "gamma: 0.95  # paper" in text
+    with pytest.raises(ValueError, match=r"trca credit options: episode_advantage: Input should be 'outcome' or 'reward' \(got 'rubric'\)"):
+        get_credit_rule("trca", episode_advantage="rubric")

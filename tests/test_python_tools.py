@@ -213,3 +213,21 @@ def test_answers_match():
     assert answers_match("5", 5) and answers_match(5.0000000001, 5) and answers_match("1,234.50", 1234.5)
     assert not answers_match("five", 5) and not answers_match(None, 5)
     assert answers_match("  Deluxe   Scale ", "deluxe scale") and not answers_match("scale", "deluxe scale")
+
+
+def test_state_key_names_the_last_tool_call_before_each_step(env):
+    """info["state_key"] is the state a step was taken in: the last tool call (with its
+    arguments) of a block that ran cleanly; a failing block or one without a tool call
+    leaves it as it was, and a new episode starts from "start"."""
+    from draco_gym.types import STATE_KEY
+
+    env.reset()
+    keys = []
+    for block in ["x = add(1, 2)\ny = add(x, b=4)", "print(y)", "add(undefined, 1)", "print(add( 2,3 ))"]:
+        keys.append(env.step(code(block))[4][STATE_KEY])
+    _, _, terminated, _, info = env.step("Done.")
+    keys.append(info[STATE_KEY])
+    assert keys == ["start", "add(x, b=4)", "add(x, b=4)", "add(x, b=4)", "add(2, 3)"]
+    assert [s.info[STATE_KEY] for s in env.trajectory().steps] == keys
+    env.reset()
+    assert env.step(code("print(1)"))[4][STATE_KEY] == "start"

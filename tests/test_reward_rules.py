@@ -16,10 +16,10 @@ from draco_gym.reward import (
     item_score,
     transition_items,
 )
-from draco_gym.reward.rules import RULE_CRITERIA, rule_verdicts
+from draco_gym.reward.rules import RULE_CRITERIA, rule_library, rule_verdicts
 from draco_gym.types import Step, Task, Trajectory
 
-TASK = Task(id="music-1", instruction="Like every song in my playlist.")
+TASK = Task(id="music-1", instruction="Like every song in my playlist.", metadata={"api_docs": True})
 
 
 def step(j, text, code=None, observation="", *, parse_error=None, exec_error=None, submitted=False):
@@ -50,7 +50,9 @@ def test_transition_items_by_hand():
     assert hits[0] == {"evidence": ["reads_documentation", "observes_output", "novel_observation"],
                        "execution": ["runs_cleanly"], "invalidity": []}
     assert hits[1] == {"evidence": [], "execution": [], "invalidity": ["execution_error"]}
-    assert hits[2] == {"evidence": [], "execution": [], "invalidity": ["execution_error", "repeats_action"]}
+    # the same failing call again: the error counts, the repetition is not an item (it earns
+    # no breakthrough in TRCA instead)
+    assert hits[2] == {"evidence": [], "execution": [], "invalidity": ["execution_error"]}
     assert hits[3] == {"evidence": [], "execution": [], "invalidity": ["malformed_block"]}
     assert hits[4] == {"evidence": ["observes_output", "novel_observation"],
                        "execution": ["runs_cleanly", "recovers_from_error"], "invalidity": []}
@@ -60,29 +62,59 @@ def test_transition_items_by_hand():
 
 
 def test_item_scores_and_foundational_rewards():
-    assert item_score("evidence", "observes_output") == pytest.approx(1 / 3)
-    assert item_score("invalidity", "repeats_action") == pytest.approx(-1 / 4)
-    with pytest.raises(KeyError, match="repeats_action"):
-        item_score("evidence", "repeats_action")
-    expected = [4 / 3, -1 / 4, -1 / 2, -1 / 4, 4 / 3, 4 / 3, 0.0]
+    # generic library: evidence 2 items (1/2 each), execution 3 (1/3), invalidity 3 (-1/3)
+    assert {f: (s.sign, s.budget, s.items) for f, s in FAMILIES.items()} == {
+        "evidence": (1, 1.0, ("observes_output", "novel_observation")),
+        "execution": (1, 1.0, ("runs_cleanly", "recovers_from_error", "submits")),
+        "invalidity": (-1, 1.0, ("malformed_block", "execution_error", "missing_block"))}
+    assert item_score("evidence", "observes_output") == pytest.approx(1 / 2)
+    assert item_score("invalidity", "execution_error") == pytest.approx(-1 / 3)
+    # a task with API docs has a third evidence item: 1/3 each
+    assert item_score("evidence", "observes_output", TASK) == pytest.approx(1 / 3)
+    with pytest.raises(KeyError, match="reads_documentation"):
+        item_score("evidence", "reads_documentation")  # no docs declared: not an item
+    # step 1: 3 evidence (1) + runs (1/3); 2, 3: one error (-1/3); 4: malformed (-1/3);
+    # 5: 2 evidence (2/3) + runs, recovers (2/3); 6: 2 evidence + runs, submits; 7: nothing
+    expected = [4 / 3, -1 / 3, -1 / 3, -1 / 3, 4 / 3, 4 / 3, 0.0]
     assert foundational_rewards(MESSY) == pytest.approx(expected)
-    assert {f: (s.sign, s.budget, len(s.items)) for f, s in FAMILIES.items()} == {
-        "evidence": (1, 1.0, 3), "execution": (1, 1.0, 3), "invalidity": (-1, 1.0, 4)}
 
 
 def test_rule_verdicts_cite_steps():
     verdicts = {v.criterion: (v.score, v.cited_steps) for v in rule_verdicts(MESSY)}
-    titles = {c.title for c in RULE_CRITERIA}
-    assert set(verdicts) == titles and len(titles) == 10
-    assert verdicts["Reads API documentation before use"] == (1, [1])
+    titles = {c.title for c in rule_library(TASK).criteria}
+    assert set(verdicts) == titles and len(titles) == 9
+    assert verdicts["Reads the API documentation"] == (1, [1])
     assert verdicts["Changes approach after an error"] == (1, [5])
-    assert verdicts["Runs code that raises an error"] == (-1, [2, 3])
-    assert verdicts["Repeats an earlier action unchanged"] == (-1, [3])
-    assert verdicts["Writes a malformed code block"] == (-1, [4])
-    assert verdicts["Sends a turn with no code"] == (1, [1, 2, 3, 5, 6])  # absence: the steps that ran code
+    assert verdicts["Writes no code that raises an error"] == (-1, [2, 3])
+    assert verdicts["Writes no malformed code block"] == (-1, [4])
+    assert verdicts["Leaves no turn without code before the end"] == (1, [1, 2, 3, 5, 6])  # passed: the steps with code
     clean = {v.criterion: (v.score, v.cited_steps) for v in rule_verdicts(CLEAN)}
-    assert clean["Reads API documentation before use"] == (-1, [1])  # omission: cited at the last action
+    assert clean["Reads the API documentation"] == (-1, [1])  # omission: cited at the last action
     assert clean["Changes approach after an error"] == (0, [])  # nothing failed: not applicable
+    # a title says what passing means: the clean rollout raised nothing and PASSes it
+    assert clean["Writes no code that raises an error"] == (1, [1])
+
+
+def test_generic_criteria_read_as_what_passing_means():
+    assert [c.title for c in RULE_CRITERIA] == [
+        "Gets output from its code", "Obtains information not seen before", "Has code that runs without errors",
+        "Changes approach after an error", "Signals that the task is complete", "Writes no malformed code block",
+        "Writes no code that raises an error", "Leaves no turn without code before the end"]
+
+
+def test_api_doc_item_only_where_the_env_declares_docs():
+    """A calculator env has no API documentation: no rollout of it can fail "Reads the API
+    documentation", because the item does not exist there."""
+    calc = Task(id="calc-1", instruction="What is 6 * 7?")
+    rollout = Trajectory(task=calc, termination="no_code", steps=[
+        step(1, "compute", "print(6 * 7)", "42"), step(2, "compute", "submit(42)", "", submitted=True), step(3, "42")])
+    group = RuleRubricReward(dropout=False).score_group(calc, [rollout])
+    titles = [c.title for c in group.criteria]
+    assert not any("documentation" in t for t in titles) and len(titles) == 8
+    assert group.scores[0].f == 0 and group.rewards == [1.0]  # nothing failed, so R = 1
+    documented = calc.model_copy(update={"metadata": {"api_docs": True}})
+    group = RuleRubricReward(dropout=False).score_group(documented, [rollout.model_copy(update={"task": documented})])
+    assert "Reads the API documentation" in [c.title for c in group.criteria] and group.scores[0].f == 1
 
 
 def test_rule_reward_with_dropout_by_hand():
@@ -91,12 +123,11 @@ def test_rule_reward_with_dropout_by_hand():
     # (MESSY passed it, CLEAN had no error), submits, missing_block
     assert len(group.dropped) == 6
     kept = [c.title for c in group.criteria]
-    assert kept == ["Reads API documentation before use", "Writes a malformed code block",
-                    "Runs code that raises an error", "Repeats an earlier action unchanged"]
-    # MESSY: P F F F -> -1/2;  CLEAN: F P P P -> +1/2
-    assert group.rewards == pytest.approx([-0.5, 0.5])
-    assert group.scores[0].step_counts(7) == ([1, 0, 0, 0, 0, 0, 0], [0, 1, 2, 1, 0, 0, 0])
-    assert group.scores[1].step_counts(2) == ([3, 0], [1, 0])
+    assert kept == ["Reads the API documentation", "Writes no malformed code block", "Writes no code that raises an error"]
+    # MESSY: P F F -> -1/3;  CLEAN: F P P -> +1/3
+    assert group.rewards == pytest.approx([-1 / 3, 1 / 3])
+    assert group.scores[0].step_counts(7) == ([1, 0, 0, 0, 0, 0, 0], [0, 1, 1, 1, 0, 0, 0])
+    assert group.scores[1].step_counts(2) == ([2, 0], [1, 0])
     assert group.fallbacks == [] and group.usage == {}
 
 
@@ -147,5 +178,7 @@ def test_trl_adapter_groups_adjacent_completions():
     assert first[0].task.id == "a" and second[0].task.agent_prompt == "sys" and second[0].task.instruction == "Delete the alarm."
     assert [len(t.steps) for t in second] == [2, 1] and second[0].steps[0].observation == "1"
     assert rewards == g1.rewards + g2.rewards
-    # the completion with docs and clean output beats the one that raised
-    assert rewards[0] > rewards[1]
+    # completions that never ran look alike when the task declares no API docs
+    assert rewards[0] == rewards[1]
+    # the completion that ran code and saw its output beats the one with no code at all
+    assert rewards[2] > rewards[3]

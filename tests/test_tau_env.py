@@ -228,3 +228,22 @@ def test_missing_tau2_gives_an_install_hint(monkeypatch):
     monkeypatch.setitem(sys.modules, "tau2", None)
     with pytest.raises(BackendError, match=r"draco-gym\[tau\]"):
         load_tau2()
+
+
+def test_state_key_is_the_last_tool_and_the_conversation_stage(mock_backend):
+    """info["state_key"]: the last tool that ran without error and how many customer replies
+    came so far, as it was before the step."""
+    from draco_gym.types import STATE_KEY
+
+    env = TauBenchEnv(mock_backend, task_id="create_task_1", user=ScriptedUser(replies=["Yes, that one."]))
+    env.reset(seed=0)
+    keys = [env.step(a)[4][STATE_KEY] for a in [
+        "```python\nget_users()\n```",
+        '```python\nupdate_task_status(task_id="nope", status="completed")\n```',  # fails: no new state
+        "Shall I create it?",
+        CREATE,
+    ]]
+    assert keys == ["none@customer_turns=0", "get_users@customer_turns=0", "get_users@customer_turns=0",
+                    "get_users@customer_turns=1"]
+    _, _, _, _, info = env.step("Done.")
+    assert info[STATE_KEY] == "create_task@customer_turns=1"

@@ -1,25 +1,51 @@
-"""TRCA: judge-free step credit from rule rubrics on each transition.
+"""TRCA: step credit from rule rubrics on each transition, on top of the outcome.
 
-A rule rubric checks every transition (one code step and what it produced) against items in
-three families: Evidence (+, the step surfaced information the task needs), Execution (+, the
-step ran the right thing) and Invalidity (-, the step was malformed, failed or broke a rule).
-TRCA turns the items hit into two rewards per step and a step advantage:
+A rule rubric checks every transition (one code step and what it produced) against the
+task's operator library (``draco_gym.reward.rules.rule_library``): items in three families,
+Evidence (+, the step surfaced information the task needs), Execution (+, the step carried
+out one of the task's subgoals) and Invalidity (-, the step was malformed, failed or wasted
+a turn). TRCA turns the items hit into rewards per step, adds the environment's reward, and
+compares the resulting returns between steps of the group that faced the same situation:
 
     s_c      = B_c / M_c                 score of one item of family c (budget over item count)
     r^F_t    = sum_c sign_c * s_c * |hit_t(c)|            foundational: what step t did
     Phi_t    = sum_{c positive} s_c * |covered_t(c)|      potential: items ever hit up to t
     r^B_t    = Phi_t - Phi_{t-1},  Phi_0 = 0              breakthrough: items hit for the first time
-    r_t      = (1 - lambda) * r^F_t + lambda * r^B_t      lambda = 0.8
-    G_t      = r_t + gamma * G_{t+1}                      gamma = 0.95
-    a_t      = A_i + w * (G_t - mean_k G) / (std_k G + eps)
+    r_t      = (1 - lambda) * r^F_t + lambda * r^B_t      the TRCA reward
+    R_t      = sum_{k >= t} gamma^(k-t) * (r_env_k + r_k) the return
+    A_i      = (o_i - mean o) / (std o + eps), 0 for every rollout of a group with no success
+    a_t      = A_i + w * (R_t - mean_s R) / (std_s R + eps)
 
-where the mean and std run over the group's steps that share a context key k (by default the
-step number), so a step is judged against comparable steps of the other rollouts, not against
-the whole episode; a key seen fewer than twice, or with no spread, normalises to 0.
+where o_i is the rollout's outcome (``metrics["success"]``) and the mean and std of the
+step term run over the group's steps that share a context key s: the state the step was
+taken in (GiGPO's anchor states), which the environment names in ``Step.info["state_key"]``
+(``draco_gym.types.STATE_KEY``); where an environment names none, the observation the step
+answered stands in. A key seen fewer than twice, or with no spread, gives 0.
 
-The breakthrough term is why TRCA does not reward repetition: re-reading the same record hits
-the Evidence item again (r^F) but covers nothing new (r^B = 0). It is outcome-blind and needs
-no judge, which makes it the offline default.
+Repetition earns nothing new: re-reading the same record hits an Evidence item again (r^F)
+but covers nothing new (r^B = 0); with lambda = 0.8 most of the reward is breakthrough.
+
+Whose number each default is:
+    lambda = 0.8                       paper
+    gamma = 0.95                       paper
+    R_t sums r_env and r_TRCA          paper
+    A_i from the outcome, 0 in a
+      group with no success            paper
+    steps grouped by environment
+      state                            paper (GiGPO's anchor states)
+    r_env = the outcome at the last
+      step, 0 before                   ours: our environments' Gymnasium reward is 0, so the
+                                       sparse reward the paper's environments give is read
+                                       from the episode's outcome
+    family budgets B_c = 1             ours (the paper gives none)
+    the items                          ours: the paper's operator libraries are per
+                                       benchmark; ours are built from each task
+                                       (``rule_library``), generic items as the fallback
+    the state keys                     ours, per environment (see their docstrings)
+    step_weight w = 1 (a plain sum)    ours
+    eps = 1e-6, 0 for a lone or
+      spreadless key                   ours
+    success = outcome >= 1             ours (``success_threshold``)
 """
 
 from __future__ import annotations
@@ -29,13 +55,19 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
-from draco_gym.algos.credit.core import CreditRule
-from draco_gym.types import GroupScore, Step, Trajectory
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from draco_gym.algos.credit.core import CreditRule, group_advantages
+from draco_gym.types import STATE_KEY, GroupScore, Step, Task, Trajectory
 
 __all__ = [
     "CONTEXT_KEYS",
     "RuleFamily",
+    "TRCAOptions",
+    "TRCARule",
+    "outcome_advantages",
     "discounted_returns",
     "normalise_by_key",
     "trca_credit",
@@ -160,8 +192,10 @@ def trca_credit(
     lam: float = 0.8,
     gamma: float = 0.95,
     step_weight: float = 1.0,
+    env_rewards: Sequence[Sequence[float]] | None = None,
 ) -> list[list[float]]:
-    """a_t = A_i + w * normalised G_t for every step of every trajectory of one group.
+    """a_t = A_i + w * normalised R_t for every step of every trajectory of one group, with
+    R_t the discounted return of r_env + r_TRCA (``env_rewards[i][t]``, 0 when None).
 
     ``keys`` default to the step number (1, 2, ...): step t is compared with step t of the
     other rollouts.
@@ -170,8 +204,17 @@ def trca_credit(
         raise ValueError(f"group_hits has {len(group_hits)} trajectories but advantages has {len(advantages)}")
     if not math.isfinite(step_weight):
         raise ValueError(f"step_weight must be finite, got {step_weight!r}")
+    if env_rewards is None:
+        env_rewards = [[0.0] * len(h) for h in group_hits]
+    if len(env_rewards) != len(group_hits):
+        raise ValueError(f"env_rewards has {len(env_rewards)} trajectories but group_hits has {len(group_hits)}")
     families = families_from_reward() if families is None else families
-    returns = [discounted_returns(trca_step_rewards(h, families, lam)[2], gamma) for h in group_hits]
+    returns = []
+    for i, (hits, r_env) in enumerate(zip(group_hits, env_rewards)):
+        if len(r_env) != len(hits):
+            raise ValueError(f"trajectory {i}: {len(r_env)} env rewards but {len(hits)} steps")
+        r_trca = trca_step_rewards(hits, families, lam)[2]
+        returns.append(discounted_returns([float(e) + r for e, r in zip(r_env, r_trca)], gamma))
     if keys is None:
         keys = [list(range(1, len(h) + 1)) for h in group_hits]
     step_adv = normalise_by_key(returns, keys)
@@ -184,6 +227,15 @@ def trca_credit(
     return out
 
 
+def outcome_advantages(outcomes: Sequence[float], success_threshold: float = 1.0) -> list[float]:
+    """TRCA's episode advantage: the group-relative advantage of the outcome, and 0 for every
+    rollout of a group where none succeeded (outcome >= ``success_threshold``), so partial
+    outcomes (a share of tests passed) move nothing until some rollout succeeds."""
+    if not any(o >= success_threshold for o in outcomes):
+        return [0.0] * len(outcomes)
+    return group_advantages(outcomes)
+
+
 # -- context keys: which steps of a group count as comparable ------------------------------
 
 
@@ -191,13 +243,24 @@ def _digest(text: str | None) -> str:
     return hashlib.sha1((text or "").encode("utf-8", "replace")).hexdigest()[:16]
 
 
+def _answered(traj: Trajectory, step: Step) -> str:
+    """A digest of the observation the step answered (the agent prompt for step 1)."""
+    return _digest(traj.steps[step.index - 2].observation if step.index > 1 else traj.task.agent_prompt)
+
+
+def _state(traj: Trajectory, step: Step) -> Hashable:
+    key = step.info.get(STATE_KEY)
+    return ("state", key) if isinstance(key, str) else ("answered", _answered(traj, step))
+
+
 CONTEXT_KEYS: dict[str, Callable[[Trajectory, Step], Hashable]] = {
-    # the same turn number across rollouts (TRCA's default grouping)
+    # the environment state the step was taken in (the paper's grouping, GiGPO's anchor
+    # states): Step.info["state_key"], or the observation it answered where the env names none
+    "state": _state,
+    # the same turn number across rollouts
     "index": lambda traj, step: step.index,
-    # the same situation: the observation the step answered (the prompt for step 1)
-    "context": lambda traj, step: _digest(
-        traj.steps[step.index - 2].observation if step.index > 1 else traj.task.agent_prompt
-    ),
+    # the same observation answered (the prompt for step 1)
+    "context": _answered,
     # the same action: identical code, wherever it ran
     "code": lambda traj, step: _digest(step.code),
 }
@@ -224,37 +287,127 @@ def hits_from_step_info(traj: Trajectory, info_key: str = "rule_items") -> list[
     return out
 
 
-def families_from_reward() -> tuple[RuleFamily, ...]:
-    """The reward layer's rule families (``draco_gym.reward.rules.FAMILIES``) as TRCA's."""
-    from draco_gym.reward.rules import FAMILIES
+def families_from_reward(task: Task | None = None) -> tuple[RuleFamily, ...]:
+    """The reward layer's rule families for ``task`` (its operator library,
+    ``draco_gym.reward.rules.rule_library``), or the generic ones, as TRCA's."""
+    from draco_gym.reward.rules import FAMILIES, rule_library
 
-    return tuple(RuleFamily(name, f.sign, f.budget, tuple(f.items)) for name, f in FAMILIES.items())
+    fams = FAMILIES if task is None else rule_library(task).families
+    return tuple(RuleFamily(name, f.sign, f.budget, tuple(f.items)) for name, f in fams.items())
+
+
+def _outcome(traj: Trajectory, key: str, i: int) -> float:
+    if key not in traj.metrics:
+        raise ValueError(
+            f"trajectories[{i}].metrics[{key!r}] is missing: TRCA's episode advantage and environment reward come "
+            f"from the outcome (the paper's reading). Use an environment that reports {key!r}, name another metric "
+            "with outcome_key, or set episode_advantage='reward' and env_reward='none' for an outcome-blind variant"
+        )
+    value = traj.metrics[key]
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"trajectories[{i}].metrics[{key!r}] must be a number or bool, got {value!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"trajectories[{i}].metrics[{key!r}] must be finite, got {value}")
+    return value
 
 
 # -- the registry entry --------------------------------------------------------------------
+
+
+class TRCAOptions(BaseModel):
+    """TRCA's options (``credit.options`` of a run config), each with whose number it is."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    lam: float = Field(0.8, ge=0, le=1, description="paper: r = (1 - lam) r^F + lam r^B")
+    gamma: float = Field(0.95, ge=0, le=1, description="paper: discount of the return of r_env + r_TRCA")
+    step_weight: float = Field(1.0, allow_inf_nan=False,
+                               description="ours: a_t = A_i + step_weight * normalised return")
+    context_key: str | Callable[[Trajectory, Step], Hashable] = Field(
+        "state", description="which steps are compared: state (paper: the env's Step.info['state_key'], else the "
+                             "observation answered), index (the turn number), context (the observation answered), "
+                             "code (identical code), or a callable (trajectory, step) -> key")
+    episode_advantage: Literal["outcome", "reward"] = Field(
+        "outcome", description="A_i from the outcome, 0 in a group with no success (paper), or the reward's A_i")
+    env_reward: Literal["outcome", "none"] = Field(
+        "outcome", description="r_env: the outcome at the last step (ours, for envs whose Gymnasium reward is 0) or none")
+    outcome_key: str = Field("success", description="the Trajectory.metrics entry holding the outcome")
+    success_threshold: float = Field(1.0, allow_inf_nan=False,
+                                     description="ours: a rollout succeeded when its outcome is at least this")
+
+    @field_validator("context_key")
+    @classmethod
+    def _known_key(cls, value):
+        if not callable(value) and value not in CONTEXT_KEYS:
+            raise ValueError(f"context_key must be a callable or one of {sorted(CONTEXT_KEYS)}, got {value!r}")
+        return value
+
 
 def trca_rule(
     *,
     lam: float = 0.8,
     gamma: float = 0.95,
     step_weight: float = 1.0,
-    context_key: str | Callable[[Trajectory, Step], Hashable] = "index",
+    context_key: str | Callable[[Trajectory, Step], Hashable] = "state",
+    episode_advantage: str = "outcome",
+    env_reward: str = "outcome",
+    outcome_key: str = "success",
+    success_threshold: float = 1.0,
     families: Sequence[RuleFamily] | None = None,
     hits: Callable[[Trajectory], Sequence[StepHits]] | None = None,
 ) -> CreditRule:
-    """TRCA over the reward layer's transition rules (``transition_items``) unless ``hits``
-    and ``families`` say otherwise."""
-    if not 0.0 <= lam <= 1.0:
-        raise ValueError(f"lam must be in [0, 1], got {lam!r}")
-    if not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
-    key_of = _resolve_key(context_key)
-    if hits is None:
-        from draco_gym.reward.rules import transition_items as hits
-    fams = tuple(families) if families is not None else families_from_reward()
+    """TRCA over the task's operator library (``rule_library``) unless ``hits`` and
+    ``families`` say otherwise; see ``TRCAOptions`` for the rest."""
+    try:
+        opts = TRCAOptions(lam=lam, gamma=gamma, step_weight=step_weight, context_key=context_key,
+                           episode_advantage=episode_advantage, env_reward=env_reward, outcome_key=outcome_key,
+                           success_threshold=success_threshold)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']} (got {e['input']!r})" for e in exc.errors())
+        raise ValueError(f"trca credit options: {problems}") from None
+    return TRCARule(opts, families, hits)
 
-    def assign(trajectories: Sequence[Trajectory], group: GroupScore, advantages: Sequence[float]) -> list[list[float]]:
-        keys = [[key_of(t, s) for s in t.steps] for t in trajectories]
-        return trca_credit([hits(t) for t in trajectories], advantages, keys, fams, lam, gamma, step_weight)
 
-    return assign
+class TRCARule:
+    """TRCA for one group (a ``CreditRule``). ``episode_advantages`` gives the A_i it builds
+    on, for whoever assigns a trajectory-level advantage outside the steps it credits (the
+    tokens of a turn without code get A_i): under the paper's reading that is the outcome's
+    A_i, not the rubric reward's that the trainer passes in."""
+
+    def __init__(self, opts: TRCAOptions, families: Sequence[RuleFamily] | None = None,
+                 hits: Callable[[Trajectory], Sequence[StepHits]] | None = None) -> None:
+        self.opts = opts
+        self.families = tuple(families) if families is not None else None
+        self.hits = hits
+        self.key_of = _resolve_key(opts.context_key)
+
+    def _outcomes(self, trajectories: Sequence[Trajectory]) -> list[float]:
+        return [_outcome(t, self.opts.outcome_key, i) for i, t in enumerate(trajectories)]
+
+    def episode_advantages(self, trajectories: Sequence[Trajectory], advantages: Sequence[float]) -> list[float]:
+        """A_i: from the outcome (0 in a group with no success), or ``advantages`` as given."""
+        if self.opts.episode_advantage == "reward":
+            return [float(a) for a in advantages]
+        return outcome_advantages(self._outcomes(trajectories), self.opts.success_threshold)
+
+    def __call__(self, trajectories: Sequence[Trajectory], group: GroupScore, advantages: Sequence[float]) -> list[list[float]]:
+        if not trajectories:
+            return []
+        opts = self.opts
+        if self.hits is None:
+            from draco_gym.reward.rules import rule_library
+
+            library = rule_library(trajectories[0].task)
+            group_hits = [library.transition_items(t) for t in trajectories]
+        else:
+            group_hits = [self.hits(t) for t in trajectories]
+        fams = self.families if self.families is not None else families_from_reward(trajectories[0].task)
+        episode = self.episode_advantages(trajectories, advantages)
+        env = None
+        if opts.env_reward == "outcome":  # sparse: the outcome arrives with the last step
+            env = [[0.0] * (len(t.steps) - 1) + [o] if t.steps else []
+                   for t, o in zip(trajectories, self._outcomes(trajectories))]
+        keys = [[self.key_of(t, s) for s in t.steps] for t in trajectories]
+        return trca_credit(group_hits, episode, keys, fams, opts.lam, opts.gamma, opts.step_weight, env)

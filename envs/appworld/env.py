@@ -27,9 +27,10 @@ from draco_gym.codeblock import DEFAULT_LANGUAGES, MultiBlockPolicy
 from draco_gym.envs.appworld.runtime import AppWorldRuntime, print_progress
 from draco_gym.envs.appworld.server import EnvServer, RemoteError, ServerDied, ServerError, ServerPool
 from draco_gym.envs.appworld.suite import TaskSource, resolve_source
-from draco_gym.envs.base import CodeStepEnv, EndRule, Execution, WorldLost
+from draco_gym.envs.base import CodeStepEnv, EndRule, Execution, Outcome, WorldLost
 from draco_gym.envs.os_sandbox import SandboxMode, check_mode
-from draco_gym.types import Task
+from draco_gym.envs.state_keys import START, last_call
+from draco_gym.types import STATE_KEY, Task
 
 PROMPT = """\
 You are an autonomous agent working for {first_name} {last_name} (email {email}, phone {phone_number}) \
@@ -86,6 +87,18 @@ class AppWorldEnv(CodeStepEnv):
     (the engine could not be recovered). Truncated: ``max_turns`` messages.
     ``info["trajectory"]`` holds the episode at its end.
 
+    ## State key
+    ``info["state_key"]`` (``draco_gym.types.STATE_KEY``) names the state the step was
+    taken in: ``"app.api"`` of the last API called by a block that ran without error
+    (``"start"`` before any), read from the code. Steps of a group with equal keys are
+    compared by TRCA's credit.
+
+    ## Task metadata for the rule rubric
+    ``Task.metadata["api_docs"]`` is True (the ``api_docs`` app documents every API) and
+    ``Task.metadata["operators"]`` is the task's operator library: the APIs its solution
+    calls (the offline suite's reference solution, real AppWorld's compiled solution),
+    split into reads (evidence) and actions (execution); see ``TaskSource.operators``.
+
     ## Arguments
     ``split`` and ``task_id`` choose the task at reset (``options={"task_id": ...}``
     overrides both; without either, a task of the split is drawn with the reset seed).
@@ -100,7 +113,9 @@ class AppWorldEnv(CodeStepEnv):
     ``render_mode`` ("ansi") as in ``CodeStepEnv``.
 
     ## Version history
-    - v0: the initial version.
+    - v0: the initial version; since this release each step's info carries ``state_key``
+      and the task's metadata ``api_docs`` and ``operators`` (additions only: episodes,
+      observations and metrics are unchanged).
     """
 
     can_restore = True
@@ -144,6 +159,7 @@ class AppWorldEnv(CodeStepEnv):
         self.grace_s = grace_s
         self._server: EnvServer | None = None
         self.recoveries = 0
+        self._state_key = START
 
     # -- hooks ------------------------------------------------------------------------------
 
@@ -173,8 +189,23 @@ class AppWorldEnv(CodeStepEnv):
                 "difficulty": metadata.get("difficulty"),
                 "datetime": task["datetime"],
                 "supervisor": supervisor,
+                "api_docs": True,
+                "operators": self.source.operators(task_id),
             },
         )
+
+    def _act(self, action: str) -> Outcome:
+        """The base class's step, plus the state key of the state the step was taken in."""
+        if not self._steps:
+            self._state_key = START
+        key = self._state_key
+        outcome = super()._act(action)
+        if outcome.code is not None and not outcome.exec_error:
+            called = last_call(outcome.code, lambda name: name.startswith("apis.") and name.count(".") == 2)
+            if called is not None:
+                self._state_key = called[0].removeprefix("apis.")
+        outcome.info[STATE_KEY] = key
+        return outcome
 
     def _execute(self, code: str) -> Execution:
         if not self._server_alive() and self._recover() is not None:

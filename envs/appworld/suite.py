@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 from functools import cached_property
@@ -28,6 +29,8 @@ DATA_ENV = "DRACO_GYM_APPWORLD_DATA"
 BUILDER_SCRIPT = Path(__file__).with_name("suite_builder.py")
 REAL_SPLITS = {"train": 90, "dev": 57, "test_normal": 168, "test_challenge": 417}
 """Split sizes of the released AppWorld benchmark (for reference and checks)."""
+READ_PREFIXES = ("show_", "search_", "get_", "list_", "find_", "download_")
+"""Name prefixes of AppWorld APIs that only read the world."""
 
 
 class TaskSource:
@@ -71,6 +74,33 @@ class TaskSource:
     def ground_truth_file(self, task_id: str, name: str):
         path = self.data_dir / "tasks" / task_id / "ground_truth" / name
         return json.loads(path.read_text())
+
+    def required_apis(self, task_id: str) -> list[str]:
+        """The APIs the task's solution calls (``apis.app.api``, in first-use order): from the
+        offline suite's reference solution, or real AppWorld's compiled solution (AppWorld's
+        own ``GroundTruth.required_apis`` reads the same file the same way); [] without either."""
+        truth = self.data_dir / "tasks" / task_id / "ground_truth"
+        if (truth / "reference_solution.json").is_file():
+            code = "\n".join(json.loads((truth / "reference_solution.json").read_text()))
+        elif (truth / "compiled_solution.py").is_file():
+            code = (truth / "compiled_solution.py").read_text()
+        else:
+            return []
+        return list(dict.fromkeys(f"apis.{m}" for m in re.findall(r"\bapis\.(\w+\.\w+)", code)))
+
+    def operators(self, task_id: str) -> dict[str, list[str]]:
+        """The task's operator library for the rule rubric (``Task.metadata["operators"]``):
+        its required APIs that read the world (``show_``, ``search_``, ``get_``, ``list_``,
+        ``find_``, ``download_``: evidence) and those that act on it (login, create, update,
+        delete, send, ``complete_task``: execution). The split by name prefix is ours; the
+        documentation app is left to the rubric's own documentation item."""
+        evidence, execution = [], []
+        for api in self.required_apis(task_id):
+            app, name = api.split(".")[1:]
+            if app == "api_docs":
+                continue
+            (evidence if name.startswith(READ_PREFIXES) else execution).append(api)
+        return {"evidence": evidence, "execution": execution}
 
 
 def suite_fingerprint(runtime: AppWorldRuntime, seed: int) -> str:

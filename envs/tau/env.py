@@ -34,7 +34,7 @@ from draco_gym.envs.tau.conversation import (
     render_lines,
 )
 from draco_gym.envs.tau.users import User, UserContext, make_user
-from draco_gym.types import Task, Termination
+from draco_gym.types import STATE_KEY, Task, Termination
 
 
 class TauBenchEnv(CodeStepEnv):
@@ -61,6 +61,13 @@ class TauBenchEnv(CodeStepEnv):
     tool calls), ``env_error`` (the user simulator failed). Truncated: ``max_steps``
     messages of any role, or ``max_turns`` agent messages.
 
+    ## State key
+    ``info["state_key"]`` (``draco_gym.types.STATE_KEY``) names the state the step was
+    taken in: the last tool that ran without error (``"none"`` before any) and the
+    conversation stage, the number of customer replies so far, as
+    ``"<tool>@customer_turns=<n>"``. Steps of a group with equal keys are compared by
+    TRCA's credit.
+
     ## Arguments
     ``backend`` is "tau2", "tau_bench" or a built ``Backend`` (share one across envs to load
     the task set once); other keyword arguments go to the backend (``task_split``,
@@ -69,7 +76,8 @@ class TauBenchEnv(CodeStepEnv):
     does. ``user``: an LLM user (a dict or ``LLMUser``) or a scripted one.
 
     ## Version history
-    - v0: the initial version.
+    - v0: the initial version; since this release each step's info carries ``state_key``
+      (an addition only: episodes, observations and metrics are unchanged).
     """
 
     def __init__(
@@ -100,6 +108,8 @@ class TauBenchEnv(CodeStepEnv):
         self.conversation = Conversation(self.backend, multi_block=multi_block, max_steps=max_steps, max_errors=max_errors)
         self._system_prompt = ""
         self._opening = ""
+        self._last_tool = "none"
+        self._customer_turns = 0
 
     @property
     def task_ids(self) -> list[str]:
@@ -113,6 +123,7 @@ class TauBenchEnv(CodeStepEnv):
         if unknown:
             raise ValueError(f"unknown reset options {unknown}; TauBench accepts only 'task_id'")
         spec = self.conversation.begin(options.get("task_id", self.task_id), self.np_random)
+        self._last_tool, self._customer_turns = "none", 0
         lines = list(spec.opening.history)
         # The user answers the last agent line itself; tool traffic is not part of its view.
         before = lines[:-1] if spec.opening.user_first else lines
@@ -157,7 +168,9 @@ class TauBenchEnv(CodeStepEnv):
     def _act(self, action: str) -> Outcome:
         """A tool call runs; a message goes to the customer, whose reply is the observation."""
         turn = self.conversation.act("assistant", action)
-        info: dict[str, Any] = dict(turn.info)
+        info: dict[str, Any] = {**turn.info, STATE_KEY: f"{self._last_tool}@customer_turns={self._customer_turns}"}
+        if "tool_call" in turn.info and not turn.info.get("tool_error"):
+            self._last_tool = turn.info["tool_call"].partition("(")[0]
         outcome = Outcome(turn.observation, code=info.get("tool_call"), info=info, parse_error=turn.kind == "error",
                           exec_error=turn.kind == "tool" and bool(turn.info["tool_error"]))
         ending = self.conversation.ending(turn, "assistant")
@@ -184,6 +197,7 @@ class TauBenchEnv(CodeStepEnv):
             info["user_error"] = turn.info["action_error"]
             return (Termination.ENV_ERROR, False), ""
         info["user_message"] = turn.message
+        self._customer_turns += 1
         return self.conversation.ending(turn, "user"), f"User: {turn.message}"
 
     # -- chat view -------------------------------------------------------------------------
