@@ -35,7 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from draco_gym.algos.credit.core import CreditRule
+from draco_gym.algos.credit.core import CreditRule, check_base_advantage
 from draco_gym.reward import stages
 from draco_gym.reward.base import run_sync
 from draco_gym.reward.judge_client import JudgeClient, StageFailed, UsageMeter, as_client
@@ -318,10 +318,14 @@ def prover_rule(
     max_segment_len: int = 4,
     max_repairs: int = 2,
     outcome_key: str = "success",
+    base_advantage: str = "outcome",
 ) -> CreditRule:
     """ProVer: ``continue_fn`` from the trainer (see the module docstring) and a ``judge``
     (a reward-layer ``Judge``, or its registered name with ``judge_options``, as a YAML config
-    gives it) wrapped in a ``JudgeSegmentProposer``, or a ready ``propose``."""
+    gives it) wrapped in a ``JudgeSegmentProposer``, or a ready ``propose``. The advantages
+    handed to the rule are its base: the outcome's group advantage (``base_advantage=
+    "outcome"``, the paper's GRPO advantage from binary success), or by choice the reward's."""
+    check_base_advantage(base_advantage)
     if continue_fn is None:
         raise ValueError("prover needs continue_fn=(task_id, prefix_messages, k) -> outcomes, "
                          "continuations of the current policy (the trainer's env runner provides it)")
