@@ -195,3 +195,18 @@ def test_every_shipped_config_passes_train_check(path, capsys):
 
     assert main(["train", str(path), "--check"]) == 0
     assert capsys.readouterr().out.strip().endswith(": ok")
+
+
+def test_demo_gives_each_closing_message_the_trajectory_advantage(capsys):
+    from draco_gym.cli import main
+
+    assert main(["demo"]) == 0
+    agent, closing = None, {}
+    for line in capsys.readouterr().out.splitlines():
+        if " A=" in line:
+            agent, a = line.split(":")[0], float(line.split("A=")[1])
+        elif "not a credit step" in line:
+            closing[agent] = (a, float(line.split("a_j=")[1].split()[0]))
+    assert set(closing) == {"careful", "recovers", "guesses"}
+    for agent, (a, a_j) in closing.items():
+        assert a_j == pytest.approx(a, abs=1e-3), agent
