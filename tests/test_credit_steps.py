@@ -210,3 +210,46 @@ def test_demo_gives_each_closing_message_the_trajectory_advantage(capsys):
     assert set(closing) == {"careful", "recovers", "guesses"}
     for agent, (a, a_j) in closing.items():
         assert a_j == pytest.approx(a, abs=1e-3), agent
+
+
+# -- the random-reward baseline ------------------------------------------------------------------
+
+def _rollout(text: str) -> Trajectory:
+    return Trajectory(task=TASK, steps=[Step(index=1, text=text, code="x = 1")])
+
+
+def test_random_reward_is_seeded_by_task_and_rollouts_and_spans_its_range():
+    import hashlib
+    import random
+
+    from draco_gym.reward import build_reward
+
+    reward = build_reward("random", seed=7)
+    group = [_rollout("a"), _rollout("b"), _rollout("a")]
+    rewards = reward.score_group(TASK, group).rewards
+    # Hand check of the draw for rollout 0: sha256("7\0t\00" + "\0a") seeds random.Random.
+    seed = hashlib.sha256(b"7\x00t\x000\x00a").hexdigest()
+    assert rewards[0] == random.Random(seed).uniform(-1.0, 1.0)
+    assert rewards == build_reward("random", seed=7).score_group(TASK, group).rewards  # re-scored: the same
+    assert rewards != build_reward("random", seed=8).score_group(TASK, group).rewards
+    assert len(set(rewards)) == 3  # the same text at another position draws anew
+    many = build_reward("random").score_group(TASK, [_rollout(str(i)) for i in range(400)]).rewards
+    assert min(many) >= -1 and max(many) <= 1 and abs(sum(many) / len(many)) < 0.1
+    assert min(many) < -0.9 and max(many) > 0.9
+
+
+def test_random_reward_refuses_an_empty_range():
+    from draco_gym.reward import build_reward
+
+    with pytest.raises(ValueError, match="low < high"):
+        build_reward("random", low=1.0, high=1.0)
+
+
+def test_random_baseline_config_uses_the_random_reward():
+    from pathlib import Path
+
+    from draco_gym.algos.config import load_config
+
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "appworld_random.yaml")
+    assert config.reward.name == "random" and "judge" not in config.reward.options
+    assert config.credit.name == "uniform"
