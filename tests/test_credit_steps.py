@@ -253,3 +253,43 @@ def test_random_baseline_config_uses_the_random_reward():
     config = load_config(Path(__file__).resolve().parents[1] / "configs" / "appworld_random.yaml")
     assert config.reward.name == "random" and "judge" not in config.reward.options
     assert config.credit.name == "uniform"
+
+
+# -- ProVer's segment proposal sees the failed rollouts ------------------------------------------
+
+def _prover_traj(n_steps: int, success: bool, tag: str) -> Trajectory:
+    steps = [Step(index=i, text=f"```python\n{tag}_{i} = {i}\n```", code=f"{tag}_{i} = {i}", n_tokens=3)
+             for i in range(1, n_steps + 1)]
+    return Trajectory(task=TASK, steps=steps, metrics={"success": success})
+
+
+def test_prover_shows_the_judge_the_failed_rollouts_beside_the_shortest_success():
+    from draco_gym.algos.credit.prover import JudgeSegmentProposer, ProVerRule
+
+    seen = []
+
+    def judge(messages):
+        seen.append(messages)
+        return '{"start": 1, "end": 2, "reason": "reads the order"}'
+
+    group = [_prover_traj(5, False, "lost"), _prover_traj(4, True, "won"), _prover_traj(3, False, "gave_up"),
+             _prover_traj(6, False, "looped"), _prover_traj(2, False, "guessed")]  # rate 0.2: eligible
+    rule = ProVerRule(lambda task_id, prefix, k: [0.0] * k, JudgeSegmentProposer(judge), K=2)
+    rule(group, GroupScore(), [0.0] * 5)
+    system, user = seen[0][0]["content"], seen[0][1]["content"]
+    assert "Failed attempts at the same task" in system
+    assert '<trajectory id="success"' in user and "won_1 = 1" in user
+    for i, tag in enumerate(["lost", "gave_up", "looped", "guessed"], start=1):  # the 4 failures, in group order
+        assert f'<trajectory id="failed-{i}"' in user and f"{tag}_1 = 1" in user
+    assert user.index('id="success"') < user.index('id="failed-1"')
+
+
+def test_a_two_argument_proposer_still_works():
+    from draco_gym.algos.credit.prover import ProVerRule
+    from draco_gym.reward.stages import Segment
+
+    group = [_prover_traj(4, True, "won"), _prover_traj(4, False, "a"), _prover_traj(4, False, "b")]
+    rule = ProVerRule(lambda task_id, prefix, k: [len(prefix) / 4] * k, lambda traj, max_len: (Segment(2, 3), "ok"),
+                      K=2)
+    # Delta = mean(post after step 3) - mean(pre after step 1) = 3/4 - 1/4 = 0.5 on steps 2..3
+    assert rule(group, GroupScore(), [1.0, -0.5, -0.5])[0] == pytest.approx([1.0, 1.5, 1.5, 1.0])
