@@ -3,6 +3,25 @@
 Pure Python and numpy. A rule maps (a group's trajectories, its scores, the group
 advantages A_i) to one advantage per step of each trajectory (``CreditRule``); every rule
 joins ``CREDIT_RULES`` in ``registry.py``.
+
+Whose is each value (paper: the DRACO paper; ours: this project's choice):
+
+    A_i = (R_i - mean R) / (std R + eps), population std over the group     paper (GRPO's)
+    eps = 1e-6; a group with no spread gives every A_i = 0                  ours
+    Q_j = p_j / (p_j + f_j) over the surviving verdicts citing step j       paper
+    an uncited step takes Q-bar, the mean Q over cited steps                paper
+    w_j = Q_j for A_i >= 0, 1 - Q_j for A_i < 0                             paper
+    a_j = A_i N w_j / (n_j sum_k w_k), N = sum_j n_j                        paper
+    uniform credit when nothing is cited or sum_k w_k = 0                   paper
+    a step with no tokens takes no share                                    ours
+    a credit step is one code block                                         paper
+    a turn without code gets A_i ("trajectory", the default)                ours: the paper's
+        steps are code blocks and it does not say what the closing message's tokens get;
+        A_i is what GRPO gives them, and a full share (Q-bar over a few tokens) gave
+        "Done." twice the per-token push of the step that computed the answer
+    "attach": such a turn joins the preceding code step                     ours (an option)
+    gap tokens (prompt, observations) get 0                                 ours (only sampled
+        tokens are trained, as in every GRPO implementation)
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ the rule reads them) and the step boundary. A credit step is one code block (the
 step): a rule sees turns without code with no tokens and no citations of their own
 (``credit_view``), and their tokens then get the trajectory's A_i, or with
 ``turns_without_code="attach"`` the preceding code step's advantage (``from_credit_steps``).
+
+Values: the credit step as one code block is the paper's (DRACO's step); the default for a
+turn without code ("trajectory": A_i) and the "attach" option are ours (``core.py`` says why).
 """
 
 from __future__ import annotations
