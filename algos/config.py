@@ -175,10 +175,15 @@ class EvalSection(_Section):
     env_config: dict[str, Any] = Field(default_factory=dict, description="merged over env.config")
     task_ids: list[str] | None = Field(None, description="null: every task of the (eval) env")
     max_tasks: int | None = Field(None, ge=1, description="only the first N of them")
-    episodes_per_task: int = Field(1, ge=1, description="k for pass@k / pass^k")
+    episodes_per_task: int = Field(1, ge=1, description="n runs per task: pass@k / pass^k for k = 1..n (paper: 3)")
     temperature: float = Field(0.0, ge=0, description="0: greedy")
     score: bool = Field(False, description="also run the reward on each task's episodes")
     success_metric: str = Field("success", description="the env metric that means 'solved'")
+    splits: list[str] | None = Field(None, description="evaluate each split (env config `split`) apart, e.g. "
+                                     "[test_normal, test_challenge]; splits the data lacks are skipped and "
+                                     "recorded; null: the env config's own")
+    last_checkpoints: int = Field(1, ge=1, description="`--checkpoint last` takes the run's last N checkpoints and "
+                                  "reports each split's mean over them (paper: 3)")
 
 
 class WandbSection(_Section):
