@@ -293,3 +293,15 @@ def test_a_two_argument_proposer_still_works():
                       K=2)
     # Delta = mean(post after step 3) - mean(pre after step 1) = 3/4 - 1/4 = 0.5 on steps 2..3
     assert rule(group, GroupScore(), [1.0, -0.5, -0.5])[0] == pytest.approx([1.0, 1.5, 1.5, 1.0])
+
+
+def test_the_trainer_builds_its_rule_with_the_configured_step_boundary():
+    from types import SimpleNamespace
+
+    grpo = pytest.importorskip("draco_gym.algos.grpo")
+    config = grpo.GRPOConfig().training(turns_without_code="attach")
+    assert config.turns_without_code == "attach" and grpo.GRPOConfig().turns_without_code == "trajectory"
+    fake = SimpleNamespace(config=SimpleNamespace(credit="draco", turns_without_code="attach"), credit_options=dict)
+    rule = grpo.GRPO.credit_rule(fake)
+    traj = closing_trajectory()
+    assert rule([traj], group_of(traj), [1.0])[0] == pytest.approx([1.26, 168 / 220, 168 / 220])
