@@ -305,3 +305,12 @@ def test_the_trainer_builds_its_rule_with_the_configured_step_boundary():
     rule = grpo.GRPO.credit_rule(fake)
     traj = closing_trajectory()
     assert rule([traj], group_of(traj), [1.0])[0] == pytest.approx([1.26, 168 / 220, 168 / 220])
+
+
+def test_trca_closing_message_gets_trcas_own_outcome_advantage():
+    # TRCA builds on the outcome's A_i, not on the advantages handed in: with outcomes [1, 0] its
+    # A_i are (1 - 0.5) / (0.5 + 1e-6) ~ +1 and -1, so the winner's closing turn gets ~ +1, not 0.3.
+    winner, loser = closing_trajectory(), closing_trajectory()
+    winner.metrics, loser.metrics = {"success": True}, {"success": False}
+    out = get_credit_rule("trca")([winner, loser], GroupScore(), [0.3, -0.3])
+    assert out[0][2] == pytest.approx(1.0, abs=1e-5) and out[1][2] == pytest.approx(-1.0, abs=1e-5)
