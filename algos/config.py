@@ -107,6 +107,10 @@ class RewardSection(NamedSection):
 
 class CreditSection(NamedSection):
     name: str = Field("draco", description="a name in draco_gym.algos.credit.CREDIT_RULES")
+    turns_without_code: Literal["trajectory", "attach"] = Field(
+        "trajectory", description="a credit step is one code block (the paper's step); a turn without one (the "
+        "closing message) is shown to the judge but gets the trajectory's A_i (trajectory) or joins the preceding "
+        "code step's tokens and citations (attach)")
 
     @field_validator("name")
     @classmethod
@@ -171,10 +175,15 @@ class EvalSection(_Section):
     env_config: dict[str, Any] = Field(default_factory=dict, description="merged over env.config")
     task_ids: list[str] | None = Field(None, description="null: every task of the (eval) env")
     max_tasks: int | None = Field(None, ge=1, description="only the first N of them")
-    episodes_per_task: int = Field(1, ge=1, description="k for pass@k / pass^k")
+    episodes_per_task: int = Field(1, ge=1, description="n runs per task: pass@k / pass^k for k = 1..n (paper: 3)")
     temperature: float = Field(0.0, ge=0, description="0: greedy")
     score: bool = Field(False, description="also run the reward on each task's episodes")
     success_metric: str = Field("success", description="the env metric that means 'solved'")
+    splits: list[str] | None = Field(None, description="evaluate each split (env config `split`) apart, e.g. "
+                                     "[test_normal, test_challenge]; splits the data lacks are skipped and "
+                                     "recorded; null: the env config's own")
+    last_checkpoints: int = Field(1, ge=1, description="`--checkpoint last` takes the run's last N checkpoints and "
+                                  "reports each split's mean over them (paper: 3)")
 
 
 class WandbSection(_Section):
@@ -257,6 +266,11 @@ class RunConfig(_Section):
         return check_stop(value)
 
     @model_validator(mode="after")
+    def _outcome_based_credit(self):
+        check_outcome_base(self.credit, self.reward)
+        return self
+
+    @model_validator(mode="after")
     def _one_iteration_budget(self):
         given = self.stop.get("training_iteration")
         if given is not None:
@@ -269,6 +283,34 @@ class RunConfig(_Section):
     def tune_stop(self) -> dict[str, float]:
         """The ``stop`` of ``tune.RunConfig``: the criteria plus the iteration budget."""
         return {**self.stop, "training_iteration": self.iterations}
+
+
+def check_outcome_base(credit: CreditSection, reward: RewardSection) -> None:
+    """TRACE and ProVer build on the verifiable outcome's group advantage (their papers'
+    A_out and GRPO advantage), which only the ``outcome`` reward supplies. A rule declares
+    this with a ``base_advantage`` option defaulting to "outcome"."""
+    import inspect
+
+    from draco_gym.algos.credit import CREDIT_RULES
+    from draco_gym.reward import OutcomeReward
+
+    params = inspect.signature(CREDIT_RULES.get(credit.name)).parameters
+    if "base_advantage" not in params or credit.options.get("base_advantage",
+                                                             params["base_advantage"].default) != "outcome":
+        return
+    key = credit.options.get("outcome_key", params["outcome_key"].default) if "outcome_key" in params else None
+    if reward.name in ("outcome", OutcomeReward):
+        metric = reward.options.get("metric", "success")
+        if key is not None and "ratio" not in reward.options and metric != key:
+            raise ValueError(f"credit {credit.name!r} reads success from metrics[{key!r}] but reward.options.metric "
+                             f"is {metric!r}; make them the same")
+        return
+    shown = reward.name if isinstance(reward.name, str) else getattr(reward.name, "__name__", "a factory")
+    raise ValueError(
+        f"credit {credit.name!r} takes its base advantage from the environment's verifiable outcome, as its paper "
+        f"does, but reward.name is {shown!r}, which cannot supply it. Fix: set reward: {{name: outcome, options: "
+        f"{{metric: {key or 'success'}}}}}; or, to build on this reward on purpose (not the paper's method), set "
+        f"credit.options.base_advantage: reward")
 
 
 def reject_literal_secrets(options: Any, where: str) -> None:
@@ -300,6 +342,7 @@ KNOBS: dict[str, str] = {
     "reward_options": "reward.options",
     "credit": "credit.name",
     "credit_options": "credit.options",
+    "turns_without_code": "credit.turns_without_code",
     **{key: f"optim.{key}" for key in OptimSection.model_fields},
     **{key: f"resources.{key}" for key in ResourcesSection.model_fields
        if key not in ("ray_num_cpus", "object_store_memory_mb")},  # the command's, before Ray exists
@@ -353,7 +396,8 @@ def check_knobs(values: dict[str, Any]) -> RunConfig:
                 hint = {"env.id": ".environment(env=...)", "policy.model": ".policy(model=...)"}.get(loc, "")
                 problems.append(f"{name} is not set{': call ' + hint if hint else ''}")
             else:
-                problems.append(f"{name}: {err['msg'].removeprefix('Value error, ')}")
+                msg = err["msg"].removeprefix("Value error, ")
+                problems.append(f"{name}: {msg}" if name else msg)
         raise ConfigError("GRPOConfig: " + "; ".join(problems)) from None
 
 

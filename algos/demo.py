@@ -5,7 +5,8 @@ stumbles and recovers, one that guesses). Their episodes are scored as one group
 judge-free rule rubric, turned into group advantages, and spread over steps by the chosen
 credit rule, which is what the trainer does with a real policy's rollouts every iteration.
 Step token counts come from whitespace splitting here (the trainer uses the policy's
-tokenizer).
+tokenizer). Each agent's closing message has no code block: the judge reads it, but it is
+not a credit step, so its tokens get the trajectory's A rather than a share of it.
 """
 
 from __future__ import annotations
@@ -82,5 +83,6 @@ def run(args: argparse.Namespace) -> int:
         passes, fails = score.step_counts(len(traj.steps))
         for step, a_j, p_j, f_j in zip(traj.steps, steps, passes, fails):
             first_line = (step.code or step.text).splitlines()[0][:48]
-            print(f"  step {step.index}  n={step.n_tokens:<3} pass={p_j} fail={f_j}  a_j={a_j:+.3f}  {first_line}")
+            note = "" if step.is_credit_step else "   (no code block: not a credit step, its tokens get A)"
+            print(f"  step {step.index}  n={step.n_tokens:<3} pass={p_j} fail={f_j}  a_j={a_j:+.3f}  {first_line}{note}")
     return 0

@@ -1,10 +1,22 @@
 """``draco-gym eval CONFIG.yaml --checkpoint PATH``: the policy on a task split, no update.
 
-Runs ``eval.episodes_per_task`` episodes of every evaluation task (greedy by default) and
-reports the environment's success rate, pass@k and pass^k (tau-bench's "all k succeed"),
-termination modes and turns; with ``eval.score: true`` also the reward's mean. Writes
-``OUTPUT_DIR/eval/summary.json`` and every episode to ``OUTPUT_DIR/eval/rollouts.jsonl``.
-``--checkpoint base`` evaluates the base model (adapter at its zero start).
+Runs ``eval.episodes_per_task`` episodes (n) of every evaluation task (greedy by default)
+and reports the environment's success rate, pass@k and pass^k for k = 1..n (pass^k: all k
+of k runs succeed, tau-bench's consistency metric), termination modes and turns; on AppWorld
+also SGC (every task of a scenario solved); with ``eval.score: true`` the reward's mean.
+
+The paper's protocol is three settings of the same command: n = 3 runs per task
+(``eval.episodes_per_task: 3``), the normal and challenge splits apart where the data has
+them (``eval.splits: [test_normal, test_challenge]``; a split the data lacks is skipped and
+recorded under ``skipped_splits``), and the mean over the run's last three checkpoints
+(``--checkpoint last`` with ``eval.last_checkpoints: 3``; ``--checkpoint`` also repeats).
+Then ``summary.json`` holds ``splits.<split>.checkpoints.<checkpoint>`` (each run's metrics)
+and ``splits.<split>.mean`` (each metric's mean over the checkpoints); a single split and
+checkpoint also keeps its metrics at the top level.
+
+Writes ``OUTPUT_DIR/eval/summary.json`` and every episode to ``OUTPUT_DIR/eval/rollouts.jsonl``
+(one run) or ``rollouts-<split>-<checkpoint>.jsonl`` (several). ``--checkpoint base``
+evaluates the base model (adapter at its zero start).
 """
 
 from __future__ import annotations
@@ -18,21 +30,30 @@ from pathlib import Path
 from draco_gym.algos.reporting import RolloutLog
 from draco_gym.metrics import pass_at_k, pass_hat_k
 
+BASE = "base"
+LAST = "last"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="YAML run config (the eval: section applies)")
-    parser.add_argument("--checkpoint", required=True,
-                        help="a checkpoint directory written by draco-gym train, or 'base' for the base model")
+    parser.add_argument("--checkpoint", required=True, action="append",
+                        help="a checkpoint directory written by draco-gym train, 'base' for the base model, or "
+                             "'last' for the run's last eval.last_checkpoints checkpoints; repeatable: each split's "
+                             "metrics are then averaged over the checkpoints")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     parser.add_argument("--output-dir", help="where eval/ goes (default: the config's output_dir)")
 
 
-def eval_summary(groups: list[dict], success_metric: str) -> dict:
+def eval_summary(groups: list[dict], success_metric: str, *, scenarios: bool = False) -> dict:
+    """One run's metrics over its groups (one group = the n episodes of one task).
+    ``scenarios``: also AppWorld's SGC, the share of scenarios all of whose episodes passed."""
     per_task, terms, turns, rewards = [], Counter(), [], []
+    results = []
     for group in groups:
         trajs = group["trajectories"]
         wins = [bool(t.metrics.get(success_metric, False)) for t in trajs]
         per_task.append((len(wins), sum(wins)))
+        results += [{"task_id": group["task_id"], "success": w} for w in wins]
         for t in trajs:
             terms[t.termination] += 1
             turns.append(len(t.steps))
@@ -50,17 +71,72 @@ def eval_summary(groups: list[dict], success_metric: str) -> dict:
     for k in range(1, k_max + 1):
         out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for n, c in per_task) / max(len(per_task), 1)
         out[f"pass^{k}"] = sum(pass_hat_k(n, c, k) for n, c in per_task) / max(len(per_task), 1)
+    if scenarios and results:
+        from draco_gym.envs.appworld.metrics import sgc
+
+        out["sgc"] = sgc(results)
     if rewards:
         out["reward_mean"] = sum(rewards) / len(rewards)
     return out
 
 
-def run(args: argparse.Namespace) -> int:
-    import ray
+def mean_summary(summaries: list[dict]) -> dict:
+    """Each metric's mean over several runs (checkpoints): numbers that every run reports,
+    and the termination shares key by key (a mode a run never hit counts as 0 there)."""
+    if not summaries:
+        raise ValueError("no runs to average")
+    out: dict = {}
+    for key, value in summaries[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and all(
+                isinstance(s.get(key), (int, float)) for s in summaries):
+            out[key] = sum(s[key] for s in summaries) / len(summaries)
+    modes = sorted({m for s in summaries for m in s.get("termination", {})}, key=str)
+    if modes:
+        out["termination"] = {m: sum(s.get("termination", {}).get(m, 0.0) for s in summaries) / len(summaries)
+                              for m in modes}
+    out["runs"] = len(summaries)
+    return out
 
+
+def last_checkpoints(output_dir: str | Path, n: int) -> list[Path]:
+    """The run's last ``n`` checkpoints, oldest first, as Tune keeps them
+    (``OUTPUT_DIR/tune/<trial>/checkpoint_<i>``; ``checkpoint.keep`` must be >= n)."""
+    root = Path(output_dir) / "tune"
+    found = [p for p in root.glob("*/checkpoint_*") if p.is_dir()]
+    if not found:
+        raise ValueError(f"no checkpoints under {root}: train the run first, or give --checkpoint PATH")
+    found.sort(key=lambda p: (p.stat().st_mtime, p.parent.name, p.name))
+    if len(found) < n:
+        print(f"note: eval.last_checkpoints is {n} but {root} keeps {len(found)}; averaging over those "
+              "(keep more with checkpoint.keep)", file=sys.stderr)
+    return found[-n:]
+
+
+def resolve_checkpoints(given: list[str], output_dir: str | Path, last: int) -> list[str]:
+    """``--checkpoint`` values as paths (or ``base``), ``last`` expanded, duplicates once, the
+    base model first (it is evaluated before any adapter is restored)."""
+    out: list[str] = []
+    for item in given:
+        if item == BASE:
+            paths = [BASE]
+        elif item == LAST:
+            paths = [str(p.resolve()) for p in last_checkpoints(output_dir, last)]
+        else:
+            path = Path(item)
+            if not path.is_dir():
+                raise ValueError(f"--checkpoint {item}: no such directory")
+            paths = [str(path.resolve())]
+        out += [p for p in paths if p not in out]
+    return sorted(out, key=lambda p: p != BASE)
+
+
+def _label(checkpoint: str) -> str:
+    return BASE if checkpoint == BASE else f"{Path(checkpoint).parent.name}/{Path(checkpoint).name}"
+
+
+def run(args: argparse.Namespace) -> int:
     from draco_gym.algos.config import ConfigError, load_config
-    from draco_gym.algos.grpo import GRPOConfig
-    from draco_gym.algos.train_cli import prepare, start_ray
+    from draco_gym.algos.train_cli import prepare
 
     overrides = list(args.set) + ([f"output_dir={args.output_dir}"] if args.output_dir else [])
     try:
@@ -68,39 +144,82 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    checkpoint = None if args.checkpoint == "base" else Path(args.checkpoint)
-    if checkpoint is not None and not checkpoint.is_dir():
-        print(f"error: --checkpoint {checkpoint}: no such directory", file=sys.stderr)
-        return 2
     ev = config.eval
-    env_config = {**config.env.config, **ev.env_config}
-    config = config.model_copy(update={"env": config.env.model_copy(update={"config": env_config})})
     try:
-        task_ids = prepare(config, env_config=env_config, task_ids=ev.task_ids)
-    except (ValueError, TypeError, FileNotFoundError, ModuleNotFoundError) as exc:
+        checkpoints = resolve_checkpoints(args.checkpoint, config.output_dir, ev.last_checkpoints)
+    except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    task_ids = task_ids[: ev.max_tasks] if ev.max_tasks else task_ids
+    plans, skipped = [], {}
+    for split in ev.splits or [None]:
+        env_config = {**config.env.config, **ev.env_config, **({"split": split} if split else {})}
+        try:
+            task_ids = prepare(config, env_config=env_config, task_ids=ev.task_ids)
+        except (ValueError, TypeError, FileNotFoundError, ModuleNotFoundError) as exc:
+            if split is None:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            skipped[split] = f"{type(exc).__name__}: {exc}"
+            print(f"note: split {split!r} skipped, the data lacks it ({skipped[split]})", file=sys.stderr)
+            continue
+        plans.append((split, env_config, task_ids[: ev.max_tasks] if ev.max_tasks else task_ids))
+    if not plans:
+        print(f"error: none of eval.splits {ev.splits} could be evaluated: {skipped}", file=sys.stderr)
+        return 2
+
     out = Path(config.output_dir).resolve() / "eval"
     out.mkdir(parents=True, exist_ok=True)
-    print(f"evaluating {args.checkpoint} on {len(task_ids)} tasks x {ev.episodes_per_task} episodes "
-          f"(temperature {ev.temperature})", flush=True)
+    single = len(plans) == 1 and len(checkpoints) == 1
+    for stale in out.glob("rollouts*.jsonl"):
+        stale.unlink()
+    splits = {}
+    for split, env_config, task_ids in plans:
+        name = split or "default"
+        runs = _evaluate(config, env_config, task_ids, checkpoints, out, name, single)
+        splits[name] = {"tasks": len(task_ids), "checkpoints": runs, "mean": mean_summary(list(runs.values()))}
+    summary: dict = {"checkpoints": [_label(c) for c in checkpoints], "env": config.env.id,
+                     "protocol": {"episodes_per_task": ev.episodes_per_task, "temperature": ev.temperature,
+                                  "splits": [s for s, _, _ in plans]}}
+    if skipped:
+        summary["skipped_splits"] = skipped
+    if single:
+        summary.update(checkpoint=args.checkpoint[0], **next(iter(next(iter(splits.values()))["checkpoints"].values())))
+    summary["splits"] = splits
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps({k: v for k, v in summary.items() if k != "splits"} if single else
+                     {"protocol": summary["protocol"], "mean": {s: v["mean"] for s, v in splits.items()}}, indent=2))
+    return 0
+
+
+def _evaluate(config, env_config: dict, task_ids: list[str], checkpoints: list[str], out: Path, split: str,
+              single: bool) -> dict[str, dict]:
+    """Every checkpoint on one split, on one algorithm (its env runners built once)."""
+    import ray
+
+    from draco_gym.algos.grpo import GRPOConfig
+    from draco_gym.algos.train_cli import start_ray
+
+    ev = config.eval
+    config = config.model_copy(update={"env": config.env.model_copy(update={"config": env_config})})
+    scenarios = "AppWorld" in config.env.id
+    runs: dict[str, dict] = {}
     start_ray(config)
     try:
         algo = GRPOConfig.from_run_config(config).training(task_ids=task_ids).build_algo()
         try:
-            if checkpoint is not None:
-                algo.restore_from_path(str(checkpoint.resolve()))
-                algo.sync_weights()
-            groups = algo.rollout(task_ids, group_size=ev.episodes_per_task, temperature=ev.temperature,
-                                  score=ev.score, seed=config.seed)
+            for checkpoint in checkpoints:
+                print(f"evaluating {_label(checkpoint)} on {split}: {len(task_ids)} tasks x "
+                      f"{ev.episodes_per_task} episodes (temperature {ev.temperature})", flush=True)
+                if checkpoint != BASE:
+                    algo.restore_from_path(checkpoint)
+                    algo.sync_weights()
+                groups = algo.rollout(task_ids, group_size=ev.episodes_per_task, temperature=ev.temperature,
+                                      score=ev.score, seed=config.seed)
+                runs[_label(checkpoint)] = eval_summary(groups, ev.success_metric, scenarios=scenarios)
+                name = "rollouts.jsonl" if single else f"rollouts-{split}-{_label(checkpoint).replace('/', '-')}.jsonl"
+                RolloutLog(out / name).write(groups)
         finally:
             algo.stop()
     finally:
         ray.shutdown()
-    summary = {"checkpoint": args.checkpoint, "env": config.env.id, **eval_summary(groups, ev.success_metric)}
-    (out / "rollouts.jsonl").unlink(missing_ok=True)
-    RolloutLog(out / "rollouts.jsonl").write(groups)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary, indent=2))
-    return 0
+    return runs

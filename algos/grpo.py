@@ -218,7 +218,8 @@ class GRPO(Algorithm):
         continuations of the current policy from a restored prefix run on an env runner
         (ProVer), and ``reference_model``, a frozen reference that defaults to the initial
         policy, the base model (TRACE)."""
-        return get_credit_rule(self.config.credit, **self.credit_options())
+        return get_credit_rule(self.config.credit, turns_without_code=self.config.turns_without_code,
+                               **self.credit_options())
 
     def credit_options(self) -> dict:
         options = dict(self.config.credit_options)

@@ -12,6 +12,9 @@ anywhere, so:
 Each finished episode is a ``Trajectory`` whose token arrays hold exactly what the policy
 saw and sampled: prompt and observation tokens are gap tokens (step -1), the sampled tokens
 of turn j (end-of-turn token included) belong to step j and carry their sampling log-probs.
+A turn without a code block (the closing message) is recorded the same way, under its own
+number: it is sampled, so it is trained, and the credit rules' step boundary
+(``algos/credit/registry.py``) gives its tokens the trajectory's A_i rather than a share.
 """
 
 from __future__ import annotations

@@ -52,7 +52,14 @@ class Task(_Model):
 
 
 class Step(_Model):
-    """One assistant turn. ``index`` is 1-based, the number the judge sees and cites."""
+    """One assistant turn. ``index`` is 1-based, the number the judge sees and cites.
+
+    A turn that carries a code block is a *credit step*, a step in the paper's sense. A turn
+    without one (the closing message after the task is done, a malformed reply, a τ-bench
+    message to the user) keeps its number, and the judge reads and may cite it, but credit
+    rules do not redistribute over it: its tokens keep the trajectory's advantage A_i, as in
+    GRPO (or, as an option, join the preceding code step; ``algos/credit/core.py``).
+    """
 
     index: int = Field(ge=1)
     text: str
@@ -61,13 +68,19 @@ class Step(_Model):
     n_tokens: int = Field(default=0, ge=0)
     info: dict[str, Any] = Field(default_factory=dict)
 
+    @property
+    def is_credit_step(self) -> bool:
+        """True for a turn that emitted a code block."""
+        return self.code is not None
+
 
 class Trajectory(_Model):
     """One episode: the steps, why it ended, and the tokens the policy produced.
 
     ``token_step[t]`` is the 1-based step that token ``t`` belongs to, or ``GAP`` (-1) for
     tokens the policy did not write as part of a step. Credit rules give gap tokens zero
-    advantage. ``metrics`` holds the environment's own evaluation (e.g. AppWorld tests
+    advantage; the tokens of a turn without code carry that turn's number and get the
+    trajectory's A_i (see ``Step``). ``metrics`` holds the environment's own evaluation (e.g. AppWorld tests
     passed): analysis only, never a reward unless the user picks the outcome reward.
     """
 
@@ -103,6 +116,11 @@ class Trajectory(_Model):
     @property
     def step_tokens(self) -> list[int]:
         return [step.n_tokens for step in self.steps]
+
+    @property
+    def credit_steps(self) -> list[int]:
+        """The 1-based numbers of the steps that carry a code block (``Step.is_credit_step``)."""
+        return [step.index for step in self.steps if step.is_credit_step]
 
     @property
     def executed_code(self) -> list[str]:

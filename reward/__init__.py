@@ -9,7 +9,7 @@
     group.scores[i].verdicts                            # verdicts citing 1-based steps
 
 Rewards by name (``REWARDS``, ``build_reward``): "dynamic" (DRACO), "static", "rule"
-(judge-free, the offline default), "outcome", and "weighted" (a weighted sum of others, e.g.
+(judge-free, the offline default), "outcome", "random" (the random-reward baseline), and "weighted" (a weighted sum of others, e.g.
 rule + outcome). Judges by name (``JUDGES``, ``build_judge``): "openai", "transformers".
 
 One judge call: a rubric (``dynamic.py``, ``static.py``) composes stages (``stages.py``:
@@ -37,6 +37,7 @@ from draco_gym.reward.judges import (
 )
 from draco_gym.reward.stages import combine_samples
 from draco_gym.reward.outcome import OutcomeReward
+from draco_gym.reward.random_reward import RandomReward
 from draco_gym.reward.rules import FAMILIES, RuleRubricReward, foundational_rewards, item_score, transition_items
 from draco_gym.reward.static import STATIC_CRITERIA, StaticRubricReward
 from draco_gym.reward.trl import TRLReward
@@ -58,6 +59,7 @@ __all__ = [
     "JudgeUnavailable",
     "OpenAIJudge",
     "OutcomeReward",
+    "RandomReward",
     "Price",
     "RubricReward",
     "RuleRubricReward",

@@ -12,7 +12,7 @@ answer raises ``StageFailed``; what happens instead is the rubric's decision
     score            task, criteria, one rollout    -> verdicts, uncited
     attribute        ... and the scored verdicts    -> final verdicts with their steps
     score_attribute  task, criteria, one rollout    -> final verdicts with steps, one call
-    segment          one successful rollout         -> its pivotal segment (ProVer)
+    segment          a success and the failures     -> the success's pivotal segment (ProVer)
 
 ``final_verdicts`` composes score and attribute (or the fused stage) for a group, with the
 self-judge's k samples and the fallbacks both judged rubrics share.
@@ -267,10 +267,14 @@ SEGMENT_SCHEMA = {
 
 
 async def segment(client: JudgeClient, meter: UsageMeter, trajectory: Trajectory, *, max_len: int = 4,
-                  view: View = View(1500, 1500, 60_000)) -> Segment:
+                  view: View = View(1500, 1500, 60_000), failures: Sequence[Trajectory] = ()) -> Segment:
     """ProVer's pivotal segment of a successful rollout: at most ``max_len`` consecutive
-    action steps that most made it succeed, ending before the final step."""
+    action steps that most made it succeed, ending before the final step. ``failures``, the
+    group's failed rollouts, are shown beside it (as in the paper), sharing half the
+    success's character budget, so the judge can see what the success did that they did not."""
     n_steps = len(trajectory.steps)
+    each = view.max_trajectory_chars // (2 * len(failures)) if failures else 0
+    failed = [view.render(t, label=f"failed-{i}", max_chars=each) for i, t in enumerate(failures, start=1)]
 
     def check(text: str) -> Segment:
         data = extract_json(text)
@@ -285,7 +289,8 @@ async def segment(client: JudgeClient, meter: UsageMeter, trajectory: Trajectory
             raise InvalidAnswer([str(exc)]) from None
 
     messages = stage_messages("segment", task=render_task(trajectory.task.instruction),
-                              trajectory=view.render(trajectory), n_steps=n_steps, max_len=max_len)
+                              trajectory=view.render(trajectory, label="success" if failed else None),
+                              failures=failed, n_steps=n_steps, max_len=max_len)
     return await _ask(client, meter, "segment", messages, SEGMENT_SCHEMA, check)
 
 

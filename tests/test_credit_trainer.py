@@ -19,7 +19,8 @@ def config(model, credit, **options) -> GRPOConfig:
         .environment("draco_gym/PythonTools-v0", env_config={"max_turns": 3})
         .policy(model=str(model), lora={"r": 4, "alpha": 8})
         .training(group_size=2, tasks_per_iteration=1, max_new_tokens=8, max_response_tokens=120,
-                  reward="rule", credit=credit, credit_options=options, micro_batch_tokens=400)
+                  reward="outcome" if credit in ("trace", "prover") else "rule",  # their papers' base advantage
+                  credit=credit, credit_options=options, micro_batch_tokens=400)
         .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
         .learners(num_learners=0)
         .debugging(seed=3, log_level="ERROR")

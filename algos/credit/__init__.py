@@ -10,6 +10,10 @@ then receive a_j and gap tokens 0 (``token_advantages``); ``apply_credit`` does 
 an iteration's groups. The arithmetic is in ``core.py``, the rules by name in
 ``registry.py`` (uniform, draco, trace, trca, prover).
 
+A credit step is one code block (the paper's step): a turn without code keeps the
+trajectory's A_i (``registry.py``). Each rule's module states, value by value, whether it is
+the paper's, a reference implementation's or ours.
+
 Pure Python and numpy: importing this package never imports torch.
 """
 

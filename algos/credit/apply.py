@@ -1,7 +1,11 @@
 """Credit for a whole iteration: scored groups in, a typed batch of per-token advantages out.
 
 Per group: A_i = group-normalised reward (``group_advantages``), per-step credit by the rule,
-then each step's advantage spread over that step's tokens (gap tokens 0).
+then each step's advantage spread over that step's tokens (gap tokens 0; the tokens of a turn
+without code carry its number and get what the rule's step boundary gave it, see
+``registry.py``). This module adds no values of its own: every number it applies is the
+rule's, and whose each one is (paper, reference implementation or ours) is stated in the
+rule's module (``core.py``, ``trace.py``, ``prover.py``, ``trca.py``).
 """
 
 from __future__ import annotations

@@ -3,6 +3,25 @@
 Pure Python and numpy. A rule maps (a group's trajectories, its scores, the group
 advantages A_i) to one advantage per step of each trajectory (``CreditRule``); every rule
 joins ``CREDIT_RULES`` in ``registry.py``.
+
+Whose is each value (paper: the DRACO paper; ours: this project's choice):
+
+    A_i = (R_i - mean R) / (std R + eps), population std over the group     paper (GRPO's)
+    eps = 1e-6; a group with no spread gives every A_i = 0                  ours
+    Q_j = p_j / (p_j + f_j) over the surviving verdicts citing step j       paper
+    an uncited step takes Q-bar, the mean Q over cited steps                paper
+    w_j = Q_j for A_i >= 0, 1 - Q_j for A_i < 0                             paper
+    a_j = A_i N w_j / (n_j sum_k w_k), N = sum_j n_j                        paper
+    uniform credit when nothing is cited or sum_k w_k = 0                   paper
+    a step with no tokens takes no share                                    ours
+    a credit step is one code block                                         paper
+    a turn without code gets A_i ("trajectory", the default)                ours: the paper's
+        steps are code blocks and it does not say what the closing message's tokens get;
+        A_i is what GRPO gives them, and a full share (Q-bar over a few tokens) gave
+        "Done." twice the per-token push of the step that computed the answer
+    "attach": such a turn joins the preceding code step                     ours (an option)
+    gap tokens (prompt, observations) get 0                                 ours (only sampled
+        tokens are trained, as in every GRPO implementation)
 """
 
 from __future__ import annotations
@@ -13,7 +32,7 @@ from typing import Protocol
 
 import numpy as np
 
-from draco_gym.types import GAP, GroupScore, Trajectory
+from draco_gym.types import GAP, GroupScore, Trajectory, TrajectoryScore
 
 
 class CreditRule(Protocol):
@@ -41,6 +60,79 @@ def _counts(values: Sequence[int], name: str, length: int | None = None) -> list
             raise ValueError(f"{name}[{j}] must be a non-negative integer, got {v!r}")
         out.append(int(v))
     return out
+
+
+# -- where a rule's base advantage comes from ---------------------------------------------------
+
+BASE_ADVANTAGES = ("outcome", "reward")
+"""A rule whose factory takes ``base_advantage`` (TRACE's A_out, ProVer's GRPO advantage)
+builds on the group advantage of the environment's verifiable outcome in its paper
+("outcome", the default); "reward" says on purpose that it builds on whatever reward the run
+uses. The run config refuses "outcome" with a reward other than ``outcome``."""
+
+
+def check_base_advantage(value: str) -> str:
+    if value not in BASE_ADVANTAGES:
+        raise ValueError(f"base_advantage must be one of {BASE_ADVANTAGES}, got {value!r}")
+    return value
+
+
+# -- which turns are credit steps ------------------------------------------------------------
+
+TURNS_WITHOUT_CODE = ("trajectory", "attach")
+"""What credit does with a turn that has no code block (the closing message, ...):
+"trajectory": it is no credit step, its tokens get the trajectory's A_i, as in GRPO (the
+paper's step is one code block; the default); "attach": its tokens and the verdicts citing it
+join the preceding code step (a turn before any code step still gets A_i)."""
+
+
+def credit_owners(trajectory: Trajectory, turns_without_code: str = "trajectory") -> list[int | None]:
+    """For each step, the 1-based credit step whose advantage its tokens take: itself for a
+    code step; for a turn without code, None (A_i) or, with "attach", the preceding code step."""
+    if turns_without_code not in TURNS_WITHOUT_CODE:
+        raise ValueError(f"turns_without_code must be one of {TURNS_WITHOUT_CODE}, got {turns_without_code!r}")
+    owners: list[int | None] = []
+    last: int | None = None
+    for step in trajectory.steps:
+        if step.is_credit_step:
+            last = step.index
+            owners.append(last)
+        else:
+            owners.append(last if turns_without_code == "attach" else None)
+    return owners
+
+
+def credit_view(trajectory: Trajectory, score: TrajectoryScore | None,
+                owners: Sequence[int | None]) -> tuple[Trajectory, TrajectoryScore | None]:
+    """The trajectory and its verdicts as a credit rule sees them: every turn keeps its number
+    and text (TRACE renders them, ProVer replays them), but a turn without code has no tokens
+    of its own (they count for its owner, if any) and no citations (those move to its owner,
+    or are dropped). A rule therefore gives such a turn no share of the trajectory's push."""
+    if all(owner == step.index for owner, step in zip(owners, trajectory.steps)):
+        return trajectory, score
+    if not any(step.is_credit_step for step in trajectory.steps):
+        return trajectory, score  # nothing to redistribute over; every turn gets A_i afterwards
+    tokens = [0] * len(trajectory.steps)
+    for step, owner in zip(trajectory.steps, owners):
+        if owner is not None:
+            tokens[owner - 1] += step.n_tokens
+    steps = [step.model_copy(update={"n_tokens": n}) for step, n in zip(trajectory.steps, tokens)]
+    view = trajectory.model_copy(update={"steps": steps})
+    if score is None:
+        return view, None
+    verdicts = []
+    for v in score.verdicts:
+        cited = sorted({owners[s - 1] for s in v.cited_steps if s <= len(owners) and owners[s - 1] is not None}
+                       | {s for s in v.cited_steps if s > len(owners)})  # out of range: the rule reports it
+        verdicts.append(v.model_copy(update={"cited_steps": cited}))
+    return view, score.model_copy(update={"verdicts": verdicts})
+
+
+def from_credit_steps(step_advantages: Sequence[float], owners: Sequence[int | None], advantage: float) -> list[float]:
+    """Each turn's advantage: its owner's a_j, or the trajectory's A_i where it has none."""
+    if len(step_advantages) != len(owners):
+        raise ValueError(f"the rule gave {len(step_advantages)} step advantages for {len(owners)} steps")
+    return [float(advantage) if owner is None else float(step_advantages[owner - 1]) for owner in owners]
 
 
 # -- group advantage -----------------------------------------------------------------------

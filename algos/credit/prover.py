@@ -16,7 +16,24 @@ compare:
     a_j         = A_i                     everywhere else
 
 Only the positive half is used: a segment that did not help is left to the group advantage
-rather than punished on a K-sample estimate. The state at a boundary is rebuilt by replaying
+rather than punished on a K-sample estimate. A_i is the group advantage of binary success:
+the shipped config uses the ``outcome`` reward, and a config pairing prover with another
+reward is refused (``algos/config.py``) unless ``base_advantage: reward`` says so.
+
+Whose is each value (paper: the ProVer paper, as DESIGN.md reads it; ours: this project's):
+
+    eligibility 0 < success rate < 0.5, strictly                            paper
+    tau*, the shortest successful rollout (the first one on a tie)          paper (tie: ours)
+    a segment of at most 4 action turns, never the terminal turn            paper
+    the judge sees tau* and the group's failed rollouts                     paper
+    K = 8 continuations from each boundary, with the current policy         paper
+    Delta = mean(R_post) - mean(R_pre); bonus lambda * Delta only if > 0    paper
+    lambda = 1                                                              paper
+    A_i from binary success (``metrics["success"]``)                        paper
+    state restored by replaying the episode's messages                      ours
+    judge settings: temperature 0.1, 256 answer tokens, 2 repairs, views    ours
+    an episode cut by the token budget or an env crash counts as failed     ours
+    a turn without code is no credit step (a bonus there becomes A_i)       ours The state at a boundary is rebuilt by replaying
 the episode's messages into a fresh episode (``CodeStepEnv.restore``), so only environments
 with ``can_restore`` qualify, and the group needs an outcome signal (``metrics["success"]``).
 
@@ -35,7 +52,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from draco_gym.algos.credit.core import CreditRule
+from draco_gym.algos.credit.core import CreditRule, check_base_advantage
 from draco_gym.reward import stages
 from draco_gym.reward.base import run_sync
 from draco_gym.reward.judge_client import JudgeClient, StageFailed, UsageMeter, as_client
@@ -125,10 +142,12 @@ class JudgeSegmentProposer:
         self.view = View(max_step_chars, max_step_chars, 60_000)
         self.usage: Counter[str] = Counter()
 
-    def __call__(self, traj: Trajectory, max_len: int) -> tuple[Segment | None, str]:
+    def __call__(self, traj: Trajectory, max_len: int,
+                 failures: Sequence[Trajectory] = ()) -> tuple[Segment | None, str]:
         meter = UsageMeter()
         try:
-            segment = run_sync(stages.segment(self.client, meter, traj, max_len=max_len, view=self.view))
+            segment = run_sync(stages.segment(self.client, meter, traj, max_len=max_len, view=self.view,
+                                              failures=failures))
             reason = "repaired" if meter.stages["segment"].calls > 1 else "ok"
         except StageFailed as exc:
             segment, reason = None, exc.reason
@@ -164,12 +183,24 @@ def _outcome(traj: Trajectory, key: str, i: int) -> float:
     return value
 
 
+def _takes_failures(propose: Callable) -> bool:
+    import inspect
+
+    try:
+        params = inspect.signature(propose).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in params)
+
+
 class ProVerRule:
     """The ``prover`` credit rule (see the module docstring).
 
     ``continue_fn(task_id, prefix_messages, k)`` returns k outcomes of the current policy from
-    the restored prefix; ``propose(trajectory, max_len)`` returns (Segment or None, reason),
-    e.g. a ``JudgeSegmentProposer``. ``stats`` counts what happened to each group, so an
+    the restored prefix; ``propose(trajectory, max_len[, failures])`` returns (Segment or
+    None, reason), e.g. a ``JudgeSegmentProposer``; a proposer that takes a third argument
+    gets the group's failed rollouts. ``stats`` counts what happened to each group, so an
     inert rule is visible in the metrics rather than silent.
     """
 
@@ -195,6 +226,7 @@ class ProVerRule:
             raise ValueError(f"max_segment_len must be a positive integer, got {max_segment_len!r}")
         self.continue_fn = continue_fn
         self.propose = propose
+        self._shows_failures = _takes_failures(propose)
         self.K = K
         self.lam = lam
         self.max_segment_len = max_segment_len
@@ -215,7 +247,9 @@ class ProVerRule:
         if len(traj.steps) < 2:  # no non-terminal segment exists: do not ask the judge
             self.stats["too_short"] += 1
             return base
-        segment, reason = self.propose(traj, self.max_segment_len)
+        failures = [t for t, s in zip(trajectories, successes) if s <= 0]
+        segment, reason = (self.propose(traj, self.max_segment_len, failures) if self._shows_failures
+                           else self.propose(traj, self.max_segment_len))
         if segment is not None:  # a custom proposer gets the same checks as the judge's
             try:
                 segment = validate_segment(segment.start, segment.end, len(traj.steps), self.max_segment_len)
@@ -318,10 +352,14 @@ def prover_rule(
     max_segment_len: int = 4,
     max_repairs: int = 2,
     outcome_key: str = "success",
+    base_advantage: str = "outcome",
 ) -> CreditRule:
     """ProVer: ``continue_fn`` from the trainer (see the module docstring) and a ``judge``
     (a reward-layer ``Judge``, or its registered name with ``judge_options``, as a YAML config
-    gives it) wrapped in a ``JudgeSegmentProposer``, or a ready ``propose``."""
+    gives it) wrapped in a ``JudgeSegmentProposer``, or a ready ``propose``. The advantages
+    handed to the rule are its base: the outcome's group advantage (``base_advantage=
+    "outcome"``, the paper's GRPO advantage from binary success), or by choice the reward's."""
+    check_base_advantage(base_advantage)
     if continue_fn is None:
         raise ValueError("prover needs continue_fn=(task_id, prefix_messages, k) -> outcomes, "
                          "continuations of the current policy (the trainer's env runner provides it)")

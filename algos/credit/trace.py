@@ -5,18 +5,42 @@ scores the answer (teacher forcing). A step that makes the answer more predictab
 episode toward it:
 
     l_k       mean log-prob of the gold answer's tokens after the first k steps (k = 0..T)
-    d_k       = -l_k + eps                      distance to the answer (eps = 0.1 keeps d_k > 0)
+    d_k       = -l_k + eps                      distance to the answer (eps keeps d_k > 0)
     V_k       = log(d_0 / d_k)                  value: how much closer than at the start
     delta_k   = V_k - V_{k-1}                   what step k did (k = 1..T)
     r_k       = sum_{i<m} gamma^i delta_{k+i} / sum_{i<m} gamma^i,   m = min(K, T-k+1)
                 + lambda_term * gamma^(T-k) * A_out      if the window reaches the end (k+K-1 >= T)
     a_k       = alpha_out * A_out + alpha_turn * r_k
 
-The K-step window (K = 3, gamma = 0.8) lets a step take credit for what it set up in the next
-few turns without inheriting the whole future; the terminal fill ties the last steps to the
-episode's outcome advantage A_out (lambda_term = 2.0). Defaults are the paper's
-(alpha_out = 1.0, alpha_turn = 0.2). TRACE needs a gold answer: it is the verifier-anchored
-comparison point, not an outcome-blind rule.
+The K-step window lets a step take credit for what it set up in the next few turns without
+inheriting the whole future; the terminal fill ties the last steps to the episode's outcome
+advantage A_out. TRACE needs a gold answer: it is the verifier-anchored comparison point, not
+an outcome-blind rule.
+
+Whose is each value (paper: the TRACE paper's text; reference implementation: the public
+implementation that follows the paper's Algorithm 1; ours: this project's choice):
+
+    the formulas above (l_k, d_k, V_k, delta_k, window, terminal fill, a_k)   paper (Algorithm 1)
+    A_out, the group advantage of the verifiable outcome (answer correctness) paper
+    eps = 0.1, K = 3, gamma = 0.8, lambda_term = 2.0                          reference implementation
+    alpha_out = 1.0, alpha_turn = 0.2                                         reference implementation
+    the reference model defaults to the initial policy (the base model)      ours
+    the transcript rendering and the answer prompt "Final answer: "           ours
+    batch_size = 8, max_length = 4096 (left truncation, never the answer)     ours
+    T counts code steps only; a turn without code gets A_out                  ours (DRACO's step is
+                                                                              one code block)
+
+Which turn's credit lands on which action's tokens (ours, a reading): the paper indexes the
+turn reward by state, with r_turn = 0 for the initial state k = 0, since no action led to it.
+Here delta_k, the change from state k-1 to state k, is credited to action k, the action whose
+result state k is: the first action gets the value its own step produced, and no action is
+credited for what its predecessor did. The shifted reading (action k gets the reward of the
+state it was taken from) would give the first action r_turn = 0 always and every later action
+its predecessor's gain, pushing tokens that did not cause the change.
+
+A_out: the rule reads the advantages it is handed as A_out, so they must come from the
+outcome: the shipped config uses the ``outcome`` reward, and a config that pairs trace with
+another reward is refused (``algos/config.py``) unless ``base_advantage: reward`` says so.
 
 The math here is pure Python. ``ReferenceScorer`` (transformers, imported only when used)
 computes l_0..l_T for a trajectory in batched teacher-forced passes.
@@ -29,7 +53,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from draco_gym.algos.credit.core import CreditRule
+from draco_gym.algos.credit.core import CreditRule, check_base_advantage
 from draco_gym.types import Step, Task, Trajectory
 
 __all__ = ["ReferenceScorer", "TraceParams", "trace_credit", "trace_turn_rewards", "trace_values"]
@@ -37,7 +61,8 @@ __all__ = ["ReferenceScorer", "TraceParams", "trace_credit", "trace_turn_rewards
 
 @dataclass(frozen=True)
 class TraceParams:
-    """TRACE's hyperparameters, with the paper's defaults."""
+    """TRACE's hyperparameters; the defaults are the reference implementation's (see the module
+    docstring), not values the paper's text gives."""
 
     eps: float = 0.1
     K: int = 3
@@ -242,10 +267,13 @@ def trace_rule(
     lambda_term: float = 2.0,
     alpha_out: float = 1.0,
     alpha_turn: float = 0.2,
+    base_advantage: str = "outcome",
 ) -> CreditRule:
     """TRACE with l_0..l_T from ``scorer(trajectory)``, or from a ``ReferenceScorer`` over
     ``reference_model`` (a loaded HF causal LM with ``tokenizer``, or a path), built on first
-    use. The advantages handed to the rule are A_out."""
+    use. The advantages handed to the rule are A_out: the outcome's group advantage
+    (``base_advantage="outcome"``, the paper's), or by choice the run's reward's ("reward")."""
+    check_base_advantage(base_advantage)
     params = TraceParams(eps=eps, K=K, gamma=gamma, lambda_term=lambda_term, alpha_out=alpha_out, alpha_turn=alpha_turn)
     if scorer is None and reference_model is None:
         raise ValueError("trace needs a reference: pass scorer=(trajectory -> l_0..l_T) or reference_model=")
@@ -261,7 +289,18 @@ def trace_rule(
             raise ValueError(f"the scorer returned {len(values)} log-probs for {len(traj.steps)} steps; expected {len(traj.steps) + 1}")
         return values
 
+    def one(traj: Trajectory, a_out: float) -> list[float]:
+        """r_k over the code steps (the paper's actions); a turn without code gets A_out."""
+        code = traj.credit_steps
+        out = [float(a_out)] * len(traj.steps)
+        if not code:
+            return out
+        logprobs = score(traj)
+        for k, a_k in zip(code, trace_credit([logprobs[0]] + [logprobs[k] for k in code], a_out, params)):
+            out[k - 1] = a_k
+        return out
+
     def assign(trajectories: Sequence[Trajectory], group, advantages: Sequence[float]) -> list[list[float]]:
-        return [trace_credit(score(t), a, params) if t.steps else [] for t, a in zip(trajectories, advantages)]
+        return [one(t, a) for t, a in zip(trajectories, advantages)]
 
     return assign

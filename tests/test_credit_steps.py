@@ -1,0 +1,316 @@
+"""A credit step is one code block: a closing message without code is shown to the judge but
+takes no share of DRACO's redistribution; its tokens get the trajectory's A_i (or, as an
+option, join the preceding code step). Hand-computed numbers throughout."""
+
+from __future__ import annotations
+
+import pytest
+
+from draco_gym.algos.credit import apply_credit, get_credit_rule
+from draco_gym.types import GroupScore, Step, Task, Trajectory, TrajectoryScore, Verdict
+
+TASK = Task(id="t", instruction="What is the order total?")
+
+
+def closing_trajectory() -> Trajectory:
+    """Two code steps of 40 tokens, then "Done: 395." (4 tokens, no code). Token layout:
+    2 prompt tokens, step 1, 1 observation token, step 2, 1 observation token, step 3."""
+    steps = [
+        Step(index=1, text="```python\norder = get_order('A1')\n```", code="order = get_order('A1')", n_tokens=40),
+        Step(index=2, text="```python\nsubmit(395)\n```", code="submit(395)", n_tokens=40),
+        Step(index=3, text="Done: 395.", code=None, n_tokens=4),
+    ]
+    token_step = [-1, -1] + [1] * 40 + [-1] + [2] * 40 + [-1] + [3] * 4
+    return Trajectory(task=TASK, steps=steps, termination="no_code", token_ids=list(range(len(token_step))),
+                      token_step=token_step)
+
+
+# PASS cites step 1; PASS cites 1 and 2; FAIL cites 2; PASS cites only the closing message.
+VERDICTS = [
+    Verdict(criterion="fetches the order", score=1, cited_steps=[1]),
+    Verdict(criterion="computes from live data", score=1, cited_steps=[1, 2]),
+    Verdict(criterion="checks the discount", score=-1, cited_steps=[2]),
+    Verdict(criterion="reports the total", score=1, cited_steps=[3]),
+]
+
+
+def group_of(*trajs: Trajectory) -> GroupScore:
+    return GroupScore(scores=[TrajectoryScore.from_verdicts(VERDICTS) for _ in trajs])
+
+
+def test_closing_message_is_no_credit_step_and_keeps_a_i():
+    # Code steps only: Q_1 = 2/2 = 1, Q_2 = 1/2; the citation of step 3 is dropped.
+    # N = 80, w = [1, 1/2], sum w = 3/2: a_1 = 80 * 1 / (40 * 1.5) = 4/3, a_2 = 80 * .5 / 60 = 2/3.
+    # The closing message gets A_i = 1. Totals: 53.33 + 26.67 + 4 = 84 = A_i * (40 + 40 + 4).
+    traj = closing_trajectory()
+    [a] = get_credit_rule("draco")([traj], group_of(traj), [1.0])
+    assert a == pytest.approx([4 / 3, 2 / 3, 1.0])
+    assert sum(n * x for n, x in zip(traj.step_tokens, a)) == pytest.approx(84.0)
+
+
+def test_closing_message_of_a_loser_keeps_a_i():
+    # Loser (A = -1): w = 1 - Q = [0, 1/2], sum 1/2: a_1 = 0, a_2 = -80 * .5 / (40 * .5) = -2; step 3: -1.
+    traj = closing_trajectory()
+    [a] = get_credit_rule("draco")([traj], group_of(traj), [-1.0])
+    assert a == pytest.approx([0.0, -2.0, -1.0])
+
+
+def test_attach_mode_joins_the_closing_turn_to_the_preceding_code_step():
+    # Step 3's 4 tokens and its PASS join step 2: n = [40, 44], Q_2 = 2/3, N = 84,
+    # w = [1, 2/3], sum 5/3: a_1 = 84 / (40 * 5/3) = 1.26, a_2 = 84 * (2/3) / (44 * 5/3) = 168/220;
+    # the closing turn's tokens get a_2.
+    traj = closing_trajectory()
+    [a] = get_credit_rule("draco", turns_without_code="attach")([traj], group_of(traj), [1.0])
+    assert a == pytest.approx([1.26, 168 / 220, 168 / 220])
+    assert sum(n * x for n, x in zip(traj.step_tokens, a)) == pytest.approx(84.0)
+
+
+def test_the_closing_message_no_longer_gets_the_biggest_per_token_push():
+    # With every turn a step (the old reading), the closing message took Q = 1 over 4 tokens:
+    # w = [1, 1/2, 1], a_3 = 84 / (4 * 2.5) = 8.4, six times a_1 = 0.84. Now it gets A_i.
+    traj = closing_trajectory()
+    [a] = get_credit_rule("draco")([traj], group_of(traj), [1.0])
+    assert a[2] < a[0]
+
+
+def test_tokens_of_the_closing_message_get_a_i_through_apply_credit():
+    winner, loser = closing_trajectory(), closing_trajectory()
+    group = group_of(winner, loser).model_copy(update={"scores": [
+        TrajectoryScore.from_verdicts(VERDICTS), TrajectoryScore(reward=-1.0)]})
+    batch = apply_credit([{"trajectories": [winner, loser], "score": group}], get_credit_rule("draco"))
+    a_win, a_lose = batch.group_advantages[0]
+    tokens = batch.token_advantages[0]
+    assert tokens[:2] == [0.0, 0.0] and tokens[42] == 0.0  # prompt and observation: gap tokens
+    assert tokens[2] == pytest.approx(a_win * 4 / 3) and tokens[43] == pytest.approx(a_win * 2 / 3)
+    assert tokens[-4:] == pytest.approx([a_win] * 4)  # "Done: 395." gets A_i
+    assert batch.token_advantages[1] == pytest.approx([0.0] * 2 + [a_lose] * 40 + [0.0] + [a_lose] * 40 + [0.0]
+                                                      + [a_lose] * 4)  # nothing cited: uniform
+
+
+def test_a_trajectory_without_any_code_step_gets_a_i_everywhere():
+    traj = Trajectory(task=TASK, steps=[Step(index=1, text="I cannot do this.", n_tokens=5)])
+    score = TrajectoryScore.from_verdicts([Verdict(criterion="answers", score=-1, cited_steps=[1])])
+    [a] = get_credit_rule("draco")([traj], GroupScore(scores=[score]), [-0.5])
+    assert a == [-0.5]
+
+
+def test_trace_runs_over_code_steps_only():
+    # l_0..l_3 = [-2, -1, -0.5, -0.1]; code steps 1, 2 read l_0, l_1, l_2: d = [2.1, 1.1, 0.6],
+    # V = [0, log(2.1/1.1), log(2.1/0.6)] = [0, 0.646627, 1.252763], delta = [0.646627, 0.606136].
+    # T = 2, K = 3, gamma = 0.8, A_out = 1: r_1 = (0.646627 + 0.8 * 0.606136) / 1.8 + 2 * 0.8 = 2.228631,
+    # r_2 = 0.606136 + 2 = 2.606136; a = 1 + 0.2 r = [1.445726, 1.521227]; the closing turn: A_out = 1.
+    traj = closing_trajectory()
+    rule = get_credit_rule("trace", scorer=lambda t: [-2.0, -1.0, -0.5, -0.1])
+    [a] = rule([traj], GroupScore(), [1.0])
+    assert a == pytest.approx([1.445726, 1.521227, 1.0], abs=1e-6)
+
+
+def test_unknown_mode_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match="turns_without_code must be one of .*'trajectory', 'attach'"):
+        get_credit_rule("draco", turns_without_code="previous")
+
+
+def test_the_judge_still_sees_the_closing_message():
+    from draco_gym.reward.render import render_trajectory
+
+    text = render_trajectory(closing_trajectory())
+    assert '<step n="3">' in text and "Done: 395." in text
+
+
+# -- the run config: where the step boundary and the base advantage are chosen ------------------
+
+def _config(tmp_path, **sections):
+    import yaml
+
+    from draco_gym.algos.config import load_config
+
+    raw = {"env": {"id": "draco_gym/PythonTools-v0"}, "policy": {"model": "smollm2-135m-instruct"}, **sections}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return load_config(path)
+
+
+def test_turns_without_code_is_a_credit_knob(tmp_path):
+    from draco_gym.algos.config import ConfigError
+
+    assert _config(tmp_path).credit.turns_without_code == "trajectory"
+    assert _config(tmp_path, credit={"name": "draco", "turns_without_code": "attach"}).credit.turns_without_code == "attach"
+    with pytest.raises(ConfigError, match="credit.turns_without_code"):
+        _config(tmp_path, credit={"name": "draco", "turns_without_code": "previous"})
+
+
+@pytest.mark.parametrize("rule", ["trace", "prover"])
+def test_outcome_based_rule_with_the_rule_reward_is_refused_naming_the_fix(tmp_path, rule):
+    from draco_gym.algos.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        _config(tmp_path, reward={"name": "rule"}, credit={"name": rule})
+    message = str(info.value)
+    assert f"credit {rule!r}" in message and "reward.name is 'rule'" in message
+    assert "reward: {name: outcome, options: {metric: success}}" in message
+    assert "credit.options.base_advantage: reward" in message
+
+
+@pytest.mark.parametrize("rule", ["trace", "prover"])
+def test_outcome_reward_or_an_explicit_choice_is_accepted(tmp_path, rule):
+    assert _config(tmp_path, reward={"name": "outcome"}, credit={"name": rule}).credit.name == rule
+    chosen = _config(tmp_path, reward={"name": "rule"}, credit={"name": rule, "options": {"base_advantage": "reward"}})
+    assert chosen.credit.options["base_advantage"] == "reward"
+
+
+def test_prover_and_the_outcome_reward_read_the_same_metric(tmp_path):
+    from draco_gym.algos.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"metrics\['solved'\].*'success'"):
+        _config(tmp_path, reward={"name": "outcome"}, credit={"name": "prover", "options": {"outcome_key": "solved"}})
+
+
+def test_grpo_config_refuses_trace_on_the_rule_reward_too():
+    ray = pytest.importorskip("ray")  # noqa: F841 - GRPOConfig is an RLlib AlgorithmConfig
+    from draco_gym.algos.config import ConfigError
+    from draco_gym.algos.grpo import GRPOConfig
+
+    config = (GRPOConfig().environment("draco_gym/PythonTools-v0").policy(model="smollm2-135m-instruct")
+              .training(reward="rule", credit="trace"))
+    with pytest.raises(ConfigError, match="base_advantage"):
+        config.validate()
+
+
+def test_shipped_trace_and_prover_configs_use_the_outcome():
+    from pathlib import Path
+
+    from draco_gym.algos.config import load_config
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    for name in ("pythontools_trace.yaml", "pythontools_prover.yaml"):
+        config = load_config(configs / name)
+        assert config.reward.name == "outcome", name
+        assert config.credit.options.get("base_advantage", "outcome") == "outcome", name
+
+
+@pytest.mark.parametrize("path", sorted((__import__("pathlib").Path(__file__).resolve().parents[1] / "configs")
+                                        .glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_passes_train_check(path, capsys):
+    from draco_gym.cli import main
+
+    assert main(["train", str(path), "--check"]) == 0
+    assert capsys.readouterr().out.strip().endswith(": ok")
+
+
+def test_demo_gives_each_closing_message_the_trajectory_advantage(capsys):
+    from draco_gym.cli import main
+
+    assert main(["demo"]) == 0
+    agent, closing = None, {}
+    for line in capsys.readouterr().out.splitlines():
+        if " A=" in line:
+            agent, a = line.split(":")[0], float(line.split("A=")[1])
+        elif "not a credit step" in line:
+            closing[agent] = (a, float(line.split("a_j=")[1].split()[0]))
+    assert set(closing) == {"careful", "recovers", "guesses"}
+    for agent, (a, a_j) in closing.items():
+        assert a_j == pytest.approx(a, abs=1e-3), agent
+
+
+# -- the random-reward baseline ------------------------------------------------------------------
+
+def _rollout(text: str) -> Trajectory:
+    return Trajectory(task=TASK, steps=[Step(index=1, text=text, code="x = 1")])
+
+
+def test_random_reward_is_seeded_by_task_and_rollouts_and_spans_its_range():
+    import hashlib
+    import random
+
+    from draco_gym.reward import build_reward
+
+    reward = build_reward("random", seed=7)
+    group = [_rollout("a"), _rollout("b"), _rollout("a")]
+    rewards = reward.score_group(TASK, group).rewards
+    # Hand check of the draw for rollout 0: sha256("7\0t\00" + "\0a") seeds random.Random.
+    seed = hashlib.sha256(b"7\x00t\x000\x00a").hexdigest()
+    assert rewards[0] == random.Random(seed).uniform(-1.0, 1.0)
+    assert rewards == build_reward("random", seed=7).score_group(TASK, group).rewards  # re-scored: the same
+    assert rewards != build_reward("random", seed=8).score_group(TASK, group).rewards
+    assert len(set(rewards)) == 3  # the same text at another position draws anew
+    many = build_reward("random").score_group(TASK, [_rollout(str(i)) for i in range(400)]).rewards
+    assert min(many) >= -1 and max(many) <= 1 and abs(sum(many) / len(many)) < 0.1
+    assert min(many) < -0.9 and max(many) > 0.9
+
+
+def test_random_reward_refuses_an_empty_range():
+    from draco_gym.reward import build_reward
+
+    with pytest.raises(ValueError, match="low < high"):
+        build_reward("random", low=1.0, high=1.0)
+
+
+def test_random_baseline_config_uses_the_random_reward():
+    from pathlib import Path
+
+    from draco_gym.algos.config import load_config
+
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "appworld_random.yaml")
+    assert config.reward.name == "random" and "judge" not in config.reward.options
+    assert config.credit.name == "uniform"
+
+
+# -- ProVer's segment proposal sees the failed rollouts ------------------------------------------
+
+def _prover_traj(n_steps: int, success: bool, tag: str) -> Trajectory:
+    steps = [Step(index=i, text=f"```python\n{tag}_{i} = {i}\n```", code=f"{tag}_{i} = {i}", n_tokens=3)
+             for i in range(1, n_steps + 1)]
+    return Trajectory(task=TASK, steps=steps, metrics={"success": success})
+
+
+def test_prover_shows_the_judge_the_failed_rollouts_beside_the_shortest_success():
+    from draco_gym.algos.credit.prover import JudgeSegmentProposer, ProVerRule
+
+    seen = []
+
+    def judge(messages):
+        seen.append(messages)
+        return '{"start": 1, "end": 2, "reason": "reads the order"}'
+
+    group = [_prover_traj(5, False, "lost"), _prover_traj(4, True, "won"), _prover_traj(3, False, "gave_up"),
+             _prover_traj(6, False, "looped"), _prover_traj(2, False, "guessed")]  # rate 0.2: eligible
+    rule = ProVerRule(lambda task_id, prefix, k: [0.0] * k, JudgeSegmentProposer(judge), K=2)
+    rule(group, GroupScore(), [0.0] * 5)
+    system, user = seen[0][0]["content"], seen[0][1]["content"]
+    assert "Failed attempts at the same task" in system
+    assert '<trajectory id="success"' in user and "won_1 = 1" in user
+    for i, tag in enumerate(["lost", "gave_up", "looped", "guessed"], start=1):  # the 4 failures, in group order
+        assert f'<trajectory id="failed-{i}"' in user and f"{tag}_1 = 1" in user
+    assert user.index('id="success"') < user.index('id="failed-1"')
+
+
+def test_a_two_argument_proposer_still_works():
+    from draco_gym.algos.credit.prover import ProVerRule
+    from draco_gym.reward.stages import Segment
+
+    group = [_prover_traj(4, True, "won"), _prover_traj(4, False, "a"), _prover_traj(4, False, "b")]
+    rule = ProVerRule(lambda task_id, prefix, k: [len(prefix) / 4] * k, lambda traj, max_len: (Segment(2, 3), "ok"),
+                      K=2)
+    # Delta = mean(post after step 3) - mean(pre after step 1) = 3/4 - 1/4 = 0.5 on steps 2..3
+    assert rule(group, GroupScore(), [1.0, -0.5, -0.5])[0] == pytest.approx([1.0, 1.5, 1.5, 1.0])
+
+
+def test_the_trainer_builds_its_rule_with_the_configured_step_boundary():
+    from types import SimpleNamespace
+
+    grpo = pytest.importorskip("draco_gym.algos.grpo")
+    config = grpo.GRPOConfig().training(turns_without_code="attach")
+    assert config.turns_without_code == "attach" and grpo.GRPOConfig().turns_without_code == "trajectory"
+    fake = SimpleNamespace(config=SimpleNamespace(credit="draco", turns_without_code="attach"), credit_options=dict)
+    rule = grpo.GRPO.credit_rule(fake)
+    traj = closing_trajectory()
+    assert rule([traj], group_of(traj), [1.0])[0] == pytest.approx([1.26, 168 / 220, 168 / 220])
+
+
+def test_trca_closing_message_gets_trcas_own_outcome_advantage():
+    # TRCA builds on the outcome's A_i, not on the advantages handed in: with outcomes [1, 0] its
+    # A_i are (1 - 0.5) / (0.5 + 1e-6) ~ +1 and -1, so the winner's closing turn gets ~ +1, not 0.3.
+    winner, loser = closing_trajectory(), closing_trajectory()
+    winner.metrics, loser.metrics = {"success": True}, {"success": False}
+    out = get_credit_rule("trca")([winner, loser], GroupScore(), [0.3, -0.3])
+    assert out[0][2] == pytest.approx(1.0, abs=1e-5) and out[1][2] == pytest.approx(-1.0, abs=1e-5)
