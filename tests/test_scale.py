@@ -52,7 +52,8 @@ def make_config(model, out_dir=None, *, env_runners: int = 1, learners: int = 0,
 def learner_states(algo) -> list[dict]:
     """A copy of the LoRA state of every learner (one for the local learner)."""
     states = algo.learner_group.foreach_learner(lambda learner: learner.module["default_policy"].get_state())
-    return [{k: np.array(v, copy=True) for k, v in (s.get() if hasattr(s, "get") else s).items()} for s in states]
+    states = [s.get() if hasattr(s, "get") else s for s in states]
+    return [{k: np.array(v.numpy() if hasattr(v, "numpy") else v, copy=True) for k, v in s.items()} for s in states]
 
 
 def test_two_env_runners_sample_every_task_once_with_the_newest_weights(ray_four_actors, tiny_model, tmp_path):
