@@ -32,8 +32,9 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
-from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, WEIGHTS_SEQ_NO, LEARNER_RESULTS, NUM_ENV_STEPS_SAMPLED,
-                                     NUM_ENV_STEPS_SAMPLED_LIFETIME, NUM_EPISODES, NUM_EPISODES_LIFETIME)
+from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, LEARNER_RESULTS, NUM_ENV_STEPS_SAMPLED,
+                                     NUM_ENV_STEPS_SAMPLED_LIFETIME, NUM_EPISODES, NUM_EPISODES_LIFETIME,
+                                     WEIGHTS_SEQ_NO)
 
 from draco_gym.algos.batch import shard_rows, token_batch
 from draco_gym.algos.config import KNOBS, ConfigError, RunConfig, check_knobs, knob_defaults, knob_values

@@ -144,13 +144,15 @@ class GRPOTorchLearner(TorchLearner):
         for module_id, mb in batch.items():
             config = self.config.get_config_for_module(module_id)
             own = int(mb["policy_mask"][:, 1:].sum())
-            total = own if world is None else int(_all_sum(world, torch.tensor([own], dtype=torch.float64))[0])
+            # (on the learner's device: NCCL reduces only GPU tensors)
+            total = own if world is None else int(_all_sum(world, torch.tensor([own], dtype=torch.float64,
+                                                                               device=self._device))[0])
             losses[module_id], totals, n_tokens, fwd_last = accumulate_gradients(
                 self.module[module_id], mb, loss_config(config), config.micro_batch_tokens,
                 config.share_prefix, n_tokens=total)
             if world is not None:  # every learner logs the whole minibatch's loss and stats
                 summed = _all_sum(world, torch.tensor([float(losses[module_id])] + [totals.get(k, 0.0) for k in STAT_KEYS],
-                                                      dtype=torch.float64))
+                                                      dtype=torch.float64, device=self._device)).cpu()
                 losses[module_id] = summed[0].float()
                 totals = dict(zip(STAT_KEYS, summed[1:].tolist()))
             for k, v in totals.items():
