@@ -97,7 +97,7 @@ def _wait_for_nodes(address: str, n: int, procs, timeout: float = 120.0) -> None
     while time.time() < deadline:
         if any(p.poll() is not None for p in procs):
             raise RuntimeError("`ray start` exited early")
-        out = subprocess.run([*_ray_cli(), "status", "--address", address], capture_output=True, text=True,
+        out = subprocess.run([*_ray_cli(), "status", "--address", address], check=False, capture_output=True, text=True,
                              env=dict(os.environ, RAY_AUTH_MODE="disabled"))
         if out.returncode == 0 and out.stdout.count("node_") >= n:
             return
