@@ -18,11 +18,10 @@ ray = pytest.importorskip("ray")
 
 from test_train_grpo import ParityReward  # noqa: E402  (shipped to the actors by value there)
 
+from draco_gym.algos.batch import shard_rows  # noqa: E402
 from draco_gym.algos.credit.apply import apply_credit  # noqa: E402
 from draco_gym.algos.env_runner import weights_digest  # noqa: E402
 from draco_gym.algos.grpo import GRPOConfig  # noqa: E402
-
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +31,18 @@ def ray_four_actors():
     ray.init(num_cpus=2, object_store_memory=100 * 2**20, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+def test_shard_rows_gives_every_learner_rows_or_a_no_loss_row():
+    batch = {"input_ids": np.arange(15).reshape(3, 5), "attention_mask": np.ones((3, 5), np.int64),
+             "policy_mask": np.ones((3, 5), np.float32), "advantages": np.ones((3, 5), np.float32),
+             "old_logp": np.zeros((3, 5), np.float32)}
+    two = shard_rows(batch, 2)
+    assert [s["input_ids"].tolist() for s in two] == [batch["input_ids"][:2].tolist(), batch["input_ids"][2:].tolist()]
+    four = shard_rows(batch, 4)
+    assert [len(s["input_ids"]) for s in four] == [1, 1, 1, 1]
+    assert four[3]["policy_mask"].sum() == 0 and four[3]["attention_mask"].sum() == 1, \
+        "a learner without rows gets one padding token that adds nothing to the loss"
 
 
 def make_config(model, out_dir=None, *, env_runners: int = 1, learners: int = 0, **training) -> GRPOConfig:
@@ -56,6 +67,7 @@ def learner_states(algo) -> list[dict]:
     return [{k: np.array(v.numpy() if hasattr(v, "numpy") else v, copy=True) for k, v in s.items()} for s in states]
 
 
+@pytest.mark.slow
 def test_two_env_runners_sample_every_task_once_with_the_newest_weights(ray_four_actors, tiny_model, tmp_path):
     algo = make_config(tiny_model, tmp_path, env_runners=2, minibatch_size=None).build_algo()
     try:
@@ -87,10 +99,11 @@ def test_two_env_runners_sample_every_task_once_with_the_newest_weights(ray_four
         algo.stop()
 
 
+@pytest.mark.slow
 def test_two_learners_update_equals_one_learner(ray_four_actors, tiny_model):
-    """Several minibatches (one of them split 2 rows / 1 row over the learners) and 2 epochs:
-    the two-learner update lands on the one-learner weights."""
-    training = {"minibatch_size": 3, "num_epochs": 2}
+    """9 trajectories in minibatches of 4, 4 and 1 (the last leaves one learner no row), 2
+    epochs: the two-learner update lands on the one-learner weights."""
+    training = {"minibatch_size": 4, "num_epochs": 2, "group_size": 3}
     two = make_config(tiny_model, learners=2, **training).build_algo()
     one = make_config(tiny_model, learners=0, **training).build_algo()
     try:
@@ -100,7 +113,7 @@ def test_two_learners_update_equals_one_learner(ray_four_actors, tiny_model):
         groups, _ = two.sample(two.sample_tasks(0), seed=5)
         two.score(groups)
         batch = apply_credit(groups, two.credit_rule())
-        assert len(batch.trajectories) == 6 and np.abs(np.concatenate(batch.token_advantages)).max() > 0
+        assert len(batch.trajectories) == 9 and np.abs(np.concatenate(batch.token_advantages)).max() > 0
 
         two.update(batch)
         one.update(batch)
