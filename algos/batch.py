@@ -53,6 +53,21 @@ def token_batch(trajectories: Sequence[Trajectory], advantages: Sequence[Sequenc
     return out
 
 
+def shard_rows(batch: dict, n: int) -> list[dict]:
+    """A minibatch (numpy arrays [rows, width]) cut into ``n`` shards of consecutive rows,
+    one per learner, as even as the rows allow. A learner left without rows still takes
+    part in the gradient all-reduce: its shard is one padding token with no policy token."""
+    shards = []
+    for rows in np.array_split(np.arange(len(batch["input_ids"])), n):
+        if len(rows):
+            shards.append({k: v[rows] for k, v in batch.items()})
+        else:
+            empty = {k: np.zeros((1, 1), v.dtype) for k, v in batch.items()}
+            empty["attention_mask"][:] = 1
+            shards.append(empty)
+    return shards
+
+
 def micro_batches(batch: dict, token_budget: int) -> list[dict]:
     """Split a minibatch (tensors [rows, width]) into micro-batches of at most
     ``token_budget`` padded tokens (at least one row each), rows grouped by length so little

@@ -162,6 +162,12 @@ class ResourcesSection(_Section):
     num_learners: int = Field(0, ge=0, description="learner actors (0: the learner lives in the training process)")
     num_gpus_per_learner: float = Field(0, ge=0, description="GPUs per learner")
     sync_timeout_s: float = Field(300.0, gt=0, description="seconds a weight sync to the env runners may take")
+    custom_resources_per_env_runner: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources each env runner needs: on a cluster, places the "
+                                          "runners on the nodes that offer them (e.g. {appworld: 1})")
+    ray_address: str | None = Field(None, description="join this running Ray cluster ('auto', 'HOST:6379', "
+                                                      "'ray://HOST:10001'); null: $RAY_ADDRESS if set, else the "
+                                                      "command starts a local Ray")
     ray_num_cpus: int | None = Field(None, ge=1, description="ray.init(num_cpus=...) when the command starts Ray")
     object_store_memory_mb: int = Field(256, ge=75, description="Ray's object store when the command starts Ray")
 
@@ -345,7 +351,7 @@ KNOBS: dict[str, str] = {
     "turns_without_code": "credit.turns_without_code",
     **{key: f"optim.{key}" for key in OptimSection.model_fields},
     **{key: f"resources.{key}" for key in ResourcesSection.model_fields
-       if key not in ("ray_num_cpus", "object_store_memory_mb")},  # the command's, before Ray exists
+       if key not in ("ray_address", "ray_num_cpus", "object_store_memory_mb")},  # the command's, before Ray exists
 }
 
 

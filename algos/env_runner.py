@@ -50,6 +50,22 @@ def make_env(env: Any, env_config: dict):
     raise ValueError(f"config.env must be a Gymnasium id, a class or a creator function, got {env!r}")
 
 
+def weights_digest(state: dict) -> str:
+    """A short hash of a policy state (name -> tensor or array): two copies of the policy
+    hold the same weights exactly when their digests match."""
+    import hashlib
+
+    import numpy as np
+
+    h = hashlib.sha256()
+    for name in sorted(state):
+        value = state[name]
+        array = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(array, dtype=np.float32).tobytes())
+    return h.hexdigest()[:16]
+
+
 def episode_limits(config) -> EpisodeLimits:
     return EpisodeLimits(**{key: getattr(config, key) for key in EpisodeLimits.model_fields})
 
@@ -110,6 +126,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             "timers": {"generation": stats["sampling_s"], "env": t_rollout - stats["sampling_s"]},
             "generated_tokens": stats["sampled_tokens"],
             WEIGHTS_SEQ_NO: self._weights_seq_no,
+            "weights_digest": weights_digest(self.module.get_state()),
+            "node_id": ray.get_runtime_context().get_node_id(),
         }
 
     def score(self) -> dict:

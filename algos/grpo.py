@@ -33,9 +33,10 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, LEARNER_RESULTS, NUM_ENV_STEPS_SAMPLED,
-                                     NUM_ENV_STEPS_SAMPLED_LIFETIME, NUM_EPISODES, NUM_EPISODES_LIFETIME)
+                                     NUM_ENV_STEPS_SAMPLED_LIFETIME, NUM_EPISODES, NUM_EPISODES_LIFETIME,
+                                     WEIGHTS_SEQ_NO)
 
-from draco_gym.algos.batch import token_batch
+from draco_gym.algos.batch import shard_rows, token_batch
 from draco_gym.algos.config import KNOBS, ConfigError, RunConfig, check_knobs, knob_defaults, knob_values
 from draco_gym.algos.credit import CREDIT_RULES, get_credit_rule
 from draco_gym.algos.credit.apply import CreditedBatch, apply_credit
@@ -188,14 +189,22 @@ class GRPO(Algorithm):
         """G episodes of each task with the current policy, the tasks sharded over the env
         runners. Returns the groups (``task_id``, ``trajectories``) and the slowest runner's
         phase times (runners work in parallel) and the tokens generated."""
-        ids = self.env_runner_group.healthy_env_runner_ids()
-        shards = [list(s) for s in np.array_split(np.asarray(tasks, dtype=object), len(ids))]
+        healthy = self.env_runner_group.healthy_env_runner_ids()
+        if not healthy:
+            raise RuntimeError("no healthy env runner to sample with")
+        # Consecutive tasks per runner, as even as they divide; a runner left without a task
+        # (fewer tasks than runners) is not called.
+        shards = [list(s) for s in np.array_split(np.asarray(tasks, dtype=object), len(healthy))]
+        ids, shards = zip(*[(i, shard) for i, shard in zip(healthy, shards) if shard])
         # Exactly one kwargs dict per actor: foreach_env_runner drops the dicts beyond that.
         kwargs = [{"tasks": shard, "group_size": group_size or self.config.group_size, "seed": seed + 7919 * i,
                    "temperature": temperature} for i, shard in enumerate(shards)]
-        outs = self.env_runner_group.foreach_env_runner("sample", local_env_runner=False, remote_worker_ids=ids,
+        outs = self.env_runner_group.foreach_env_runner("sample", local_env_runner=False, remote_worker_ids=list(ids),
                                                         kwargs=kwargs)
-        self._sampled_on = ids
+        self._sampled_on = list(ids)
+        # Which weights each runner sampled with: the newest, after a sync (tests check it).
+        self.sampled_weights = {i: {"seq_no": out[WEIGHTS_SEQ_NO], "digest": out["weights_digest"],
+                                    "node_id": out["node_id"]} for i, out in zip(ids, outs)}
         timers = {phase: max(out["timers"][phase] for out in outs) for phase in outs[0]["timers"]}
         groups = [g for out in outs for g in out["groups"]]
         return groups, {"timers": timers, "generated_tokens": sum(out["generated_tokens"] for out in outs)}
@@ -243,14 +252,20 @@ class GRPO(Algorithm):
             arrays["old_logp"] = first.get() if hasattr(first, "get") else first
         n = len(batch.trajectories)
         size = cfg.minibatch_size or n
+        n_learners = len(self.learner_group)  # 0: the local learner
         results = []
         for _ in range(cfg.num_epochs):
             for start in range(0, n, size):
                 part = {k: v[start : start + size] for k, v in arrays.items()}
-                minibatch = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(part)}, env_steps=len(part["input_ids"]))
-                results.append(self.learner_group.update(batch=minibatch, num_epochs=1, timesteps={
-                    NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
-                        (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0)}))
+                timesteps = {NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+                    (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0)}
+                if n_learners:  # each remote learner its own rows; they all-reduce the gradient
+                    results.append(self.learner_group.update(
+                        batches=[_module_batch(shard) for shard in shard_rows(part, n_learners)],
+                        num_epochs=1, timesteps=timesteps))
+                else:
+                    results.append(self.learner_group.update(batch=_module_batch(part), num_epochs=1,
+                                                             timesteps=timesteps))
         for result in results:
             self.metrics.aggregate(result if isinstance(result, list) else [result], key=LEARNER_RESULTS)
 
@@ -308,6 +323,10 @@ class GRPO(Algorithm):
         if score:
             self.score(groups)
         return groups
+
+
+def _module_batch(arrays: dict) -> MultiAgentBatch:
+    return MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(arrays)}, env_steps=len(arrays["input_ids"]))
 
 
 @contextmanager

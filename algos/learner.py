@@ -12,6 +12,15 @@ the policy, the reference and the old-log-prob recomputation alike, and the micr
 hold only the continuations. On by default; the ``optim.share_prefix`` knob (``.training(share_prefix=False)``)
 turns it off, and a model whose attention cannot take a shared prefix falls back to the
 unshared path with a logged reason.
+
+With ``num_learners > 1`` each remote learner gets its own rows of every minibatch
+(``batch.shard_rows``) and the learners form a torch.distributed group (gloo on CPU, NCCL on
+GPU; Ray Train sets it up). The loss is normalized by the minibatch's policy tokens over all
+learners and the gradients are summed with one all-reduce, so every learner takes the very
+step one learner would take on the whole minibatch. The reduction is explicit rather than
+torch's ``DistributedDataParallel`` hooks: learners run different numbers of micro-batches
+and backward passes (shared prefixes, uneven rows), which DDP's per-backward bucketing
+cannot pair up across ranks.
 """
 
 from __future__ import annotations
@@ -43,11 +52,15 @@ def use_prefix_sharing(module, wanted: bool = True) -> bool:
     return reason is None
 
 
-def accumulate_gradients(module, batch: dict, cfg: LossConfig, micro_batch_tokens: int, share_prefix: bool = True):
+def accumulate_gradients(module, batch: dict, cfg: LossConfig, micro_batch_tokens: int, share_prefix: bool = True,
+                         n_tokens: int | None = None):
     """Forward and backward over one minibatch (tensors [rows, width]), micro-batch by
     micro-batch, accumulating the gradient of the minibatch's token-mean loss in ``.grad``.
-    Returns (loss, stat sums, policy tokens N, the last micro-batch's forward output)."""
-    n_tokens = int(batch["policy_mask"][:, 1:].sum())
+    ``n_tokens`` is the mean's denominator (default: this batch's policy tokens; a learner
+    holding one shard passes the whole minibatch's). Returns (loss, stat sums, policy
+    tokens of this batch, the last micro-batch's forward output)."""
+    own_tokens = int(batch["policy_mask"][:, 1:].sum())
+    n_tokens = own_tokens if n_tokens is None else n_tokens
     with_reference = cfg.kl_coeff > 0
     total_loss, totals, fwd_last = torch.zeros(()), {}, {}
     for unit in prefix_micro_batches(batch, micro_batch_tokens, use_prefix_sharing(module, share_prefix)):
@@ -71,7 +84,7 @@ def accumulate_gradients(module, batch: dict, cfg: LossConfig, micro_batch_token
             fwd_last = fwd
         if prefix is not None:
             prefix.backward()
-    return total_loss, totals, n_tokens, fwd_last
+    return total_loss, totals, own_tokens, fwd_last
 
 
 @torch.no_grad()
@@ -93,7 +106,22 @@ def recompute_logprobs(module, batch: dict, micro_batch_tokens: int, share_prefi
     return out
 
 
+STAT_KEYS = ("policy_loss", "kl", "ratio", "clip_fraction")
+
+
+def _world():
+    """The torch.distributed group of the remote learners, or None for a single learner."""
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 else None
+
+
 class GRPOTorchLearner(TorchLearner):
+    def _make_modules_ddp_if_necessary(self) -> None:
+        # No DDP wrapper: ``_update`` reduces the gradients itself (see the module docstring),
+        # and the policy module keeps its own methods (prefix encoding, adapters).
+        pass
+
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
         # Only the adapter trains; RLlib's default would hand every base weight to the optimizer.
         params = [p for p in self._module[module_id].parameters() if p.requires_grad]
@@ -112,18 +140,42 @@ class GRPOTorchLearner(TorchLearner):
         for optim in self._optimizer_parameters:
             optim.zero_grad(set_to_none=True)
         losses, fwd_last = {}, {}
+        world = _world()
         for module_id, mb in batch.items():
             config = self.config.get_config_for_module(module_id)
+            own = int(mb["policy_mask"][:, 1:].sum())
+            # (on the learner's device: NCCL reduces only GPU tensors)
+            total = own if world is None else int(_all_sum(world, torch.tensor([own], dtype=torch.float64,
+                                                                               device=self._device))[0])
             losses[module_id], totals, n_tokens, fwd_last = accumulate_gradients(
                 self.module[module_id], mb, loss_config(config), config.micro_batch_tokens,
-                config.share_prefix)
+                config.share_prefix, n_tokens=total)
+            if world is not None:  # every learner logs the whole minibatch's loss and stats
+                summed = _all_sum(world, torch.tensor([float(losses[module_id])] + [totals.get(k, 0.0) for k in STAT_KEYS],
+                                                      dtype=torch.float64, device=self._device)).cpu()
+                losses[module_id] = summed[0].float()
+                totals = dict(zip(STAT_KEYS, summed[1:].tolist()))
             for k, v in totals.items():
                 self.metrics.log_value((module_id, k), v, window=1)
             self.metrics.log_value((module_id, "policy_tokens"), n_tokens, reduce="sum")
+        if world is not None and total > 0:  # (no policy token anywhere: no step, as with one learner)
+            self._all_reduce_gradients(world)
         grads = {pid: p.grad for pid, p in self._params.items() if p.grad is not None}
         if grads:
             self.apply_gradients(self.postprocess_gradients(grads))
         return fwd_last, losses, {}
+
+    def _all_reduce_gradients(self, world) -> None:
+        """Sum every trained parameter's gradient over the learners, in one flat all-reduce
+        (a learner whose shard had no policy token contributes zeros)."""
+        params = [p for p in self._params.values() if p.requires_grad]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        world.all_reduce(flat)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset : offset + n].view_as(p).clone()
+            offset += n
 
     def policy_logprobs(self, batch: dict, module_id: str):
         """log pi_theta of every policy token of ``batch`` (numpy arrays) under the current
@@ -134,3 +186,8 @@ class GRPOTorchLearner(TorchLearner):
         tensors = {k: torch.as_tensor(v).to(device) for k, v in batch.items()}
         out = recompute_logprobs(module, tensors, config.micro_batch_tokens, config.share_prefix)
         return out.to(tensors["old_logp"].dtype).numpy()
+
+
+def _all_sum(world, tensor: torch.Tensor) -> torch.Tensor:
+    world.all_reduce(tensor)
+    return tensor

@@ -99,7 +99,9 @@ def prepare(config, *, env_config: dict | None = None, task_ids: list[str] | Non
 
 
 def start_ray(config) -> None:
-    """A local cluster this command starts itself, with GRPO registered for Tune."""
+    """Ray for this run, with GRPO registered for Tune: the cluster at ``resources.ray_address``
+    (else ``$RAY_ADDRESS``) when one is given, otherwise a local one this command starts,
+    sized by ``ray_num_cpus`` and ``object_store_memory_mb``."""
     import ray
 
     from draco_gym.algos.grpo import register_with_tune
@@ -108,10 +110,17 @@ def start_ray(config) -> None:
     # reach Tune's trial error).
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     res = config.resources
-    ray.init(num_cpus=res.ray_num_cpus, object_store_memory=res.object_store_memory_mb * 2**20,
-             include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-                                       "TOKENIZERS_PARALLELISM": "false"}})
+    runtime_env = {"env_vars": {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                                "TOKENIZERS_PARALLELISM": "false"}}
+    address = res.ray_address or os.environ.get("RAY_ADDRESS")
+    if address:
+        if res.ray_num_cpus is not None:
+            print(f"note: resources.ray_num_cpus is ignored: joining the Ray cluster at {address}", flush=True)
+        print(f"joining the Ray cluster at {address} ...", flush=True)
+        ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
+    else:
+        ray.init(num_cpus=res.ray_num_cpus, object_store_memory=res.object_store_memory_mb * 2**20,
+                 include_dashboard=False, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
     register_with_tune()
 
 
