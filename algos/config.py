@@ -432,12 +432,17 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
 
 def _importable_from(folder: Path) -> None:
     """``env.modules`` import from the config file's folder first (then ``PYTHONPATH``), as a
-    script's own folder is; Ray hands this path on to the env runners of a local cluster."""
+    script's own folder is: here, and, through ``PYTHONPATH``, in the processes of the local
+    Ray cluster this command starts (env runners, learners)."""
+    import os
     import sys
 
     folder_s = str(folder.resolve())
     if folder_s not in sys.path:
         sys.path.insert(0, folder_s)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if folder_s not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([folder_s, *paths])
 
 
 def _read(path: Path, seen: tuple) -> dict:

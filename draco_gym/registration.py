@@ -104,9 +104,11 @@ def env_entry(env: Any, modules=()) -> Any:
     if env in gym.registry:
         return gym.spec(env)
     hint = difflib.get_close_matches(env, list(gym.registry), n=1)
-    if hint:
-        raise EnvSourceError(f"env {env!r} is not a registered Gymnasium id; did you mean {hint[0]!r}?")
-    raise EnvSourceError(f"env {env!r} is not a registered Gymnasium id in this process: {_NOT_REGISTERED_HINT}")
+    close = f"; did you mean {hint[0]!r}?" if hint else ""
+    if env.startswith(f"{NAMESPACE}/"):
+        raise EnvSourceError(f"env {env!r} is not a registered Gymnasium id{close}")
+    raise EnvSourceError(f"env {env!r} is not a registered Gymnasium id in this process{close} If it is your "
+                         f"own: {_NOT_REGISTERED_HINT}")
 
 
 def make_from_entry(entry: Any, env_config: dict) -> gym.Env:
