@@ -103,7 +103,7 @@ class EnvRollout:
         finally:
             model.train(was_training)
         self.last_trajectories = trajectories
-        cut = [ep.prompt_len for ep in episodes]
+        cut = [_prompt_length(t) for t in trajectories]
         return {
             "prompt_ids": [t.token_ids[:n] for t, n in zip(trajectories, cut)],
             "completion_ids": [t.token_ids[n:] for t, n in zip(trajectories, cut)],
@@ -125,3 +125,72 @@ def _task_id(prompt: Any) -> str:
     if not users or not isinstance(users[-1], str):
         raise ValueError(f"a prompt row must name a task id (a string, or a user message holding it), got {prompt!r:.200}")
     return users[-1]
+
+
+def _credit_trainer_class():
+    """``DracoCreditGRPOTrainer``, built on first use so that importing this module does not
+    import TRL."""
+    import torch
+    from trl import GRPOTrainer
+
+    from draco_gym.algos.credit import get_credit_rule, token_advantages
+    from draco_gym.reward.trl import TRLReward
+
+    class DracoCreditGRPOTrainer(GRPOTrainer):
+        """TRL's ``GRPOTrainer`` whose loss takes per-token advantages from a draco-gym credit
+        rule (``credit="draco"``, ``credit_options``) instead of one advantage per sequence.
+
+        TRL computes each row's group-normalised advantage A_i as usual; the rule turns it
+        into per-step advantages from the group's verdicts (DRACO: towards the steps the judge
+        cited), spread over each step's tokens (observation tokens get 0 and carry no loss
+        anyway: ``env_mask``). TRL's loss accepts advantages of shape [B, T]. Needs
+        ``EnvRollout`` as ``rollout_func`` (its ``trajectory`` column) and one ``TRLReward``
+        among ``reward_funcs`` (its verdicts); with several reward functions the credit
+        follows that one's verdicts. The G rows of a group must sit on one process (checked):
+        verified on one process only."""
+
+        def __init__(self, *args, credit: str = "draco", credit_options: dict | None = None, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.credit_rule = get_credit_rule(credit, **dict(credit_options or {}))
+            rewards = [f for f in self.reward_funcs if isinstance(f, TRLReward)]
+            if len(rewards) != 1:
+                raise ValueError(f"DracoCreditGRPOTrainer needs exactly one TRLReward in reward_funcs (its verdicts "
+                                 f"drive the credit), got {len(rewards)}")
+            self.rubric_reward = rewards[0]
+            self.last_token_advantages: list[list[float]] = []
+
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            trajectories = [row.get("trajectory") for row in inputs]
+            if any(t is None for t in trajectories):
+                raise ValueError("DracoCreditGRPOTrainer needs a `trajectory` column: use EnvRollout as rollout_func")
+            groups = self.rubric_reward.last_groups
+            if [t for members, _ in groups for t in members] != trajectories:
+                raise RuntimeError("the reward's groups are not this process's rows: the G rows of a group must "
+                                   "sit on one process")
+            advantages = out["advantages"].tolist()
+            width = out["completion_ids"].shape[1]
+            rows, start = [], 0
+            for members, score in groups:
+                a_group = advantages[start : start + len(members)]
+                for traj, a_steps in zip(members, self.credit_rule(members, score, a_group)):
+                    per_token = token_advantages(a_steps, traj.token_step)
+                    tail = per_token[_prompt_length(traj) :][:width]
+                    rows.append(tail + [0.0] * (width - len(tail)))
+                start += len(members)
+            self.last_token_advantages = rows
+            out["advantages"] = torch.tensor(rows, dtype=out["advantages"].dtype, device=out["advantages"].device)
+            return out
+
+    return DracoCreditGRPOTrainer
+
+
+def _prompt_length(traj: Trajectory) -> int:
+    """The prompt is every gap token before the first sampled one (EnvRollout's cut)."""
+    return next((t for t, s in enumerate(traj.token_step) if s != GAP), len(traj.token_step))
+
+
+def __getattr__(name: str):
+    if name == "DracoCreditGRPOTrainer":
+        return _credit_trainer_class()
+    raise AttributeError(name)

@@ -155,6 +155,7 @@ def test_yaml_imports_env_modules_from_the_config_folder(user_dir, tmp_path):
 # -- inside the actors ----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a Ray session and an actor: about a minute on a busy machine
 def test_an_env_runner_error_reaches_the_driver_with_its_cause(user_dir, ray_session, tiny_model):
     """The env builds in the driver but not in an env runner (a resource only one process
     has): ``build_algo`` raises the runner's own error, not RLlib's bare IndexError."""
