@@ -23,8 +23,10 @@ from draco_gym.types import GAP, Trajectory
 BATCH_KEYS = ("input_ids", "attention_mask", "policy_mask", "advantages", "old_logp")
 
 
-def token_batch(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]], pad_id: int) -> dict:
-    """Numpy arrays [rows, longest]. ``advantages[i]`` is per token of trajectory i."""
+def token_batch(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]], pad_id: int,
+                require_logprobs: bool = True) -> dict:
+    """Numpy arrays [rows, longest]. ``advantages[i]`` is per token of trajectory i. Without
+    ``require_logprobs`` a trajectory without sampling log-probs gets zeros in ``old_logp``."""
     if len(trajectories) != len(advantages):
         raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantage rows")
     if not trajectories:
@@ -42,13 +44,14 @@ def token_batch(trajectories: Sequence[Trajectory], advantages: Sequence[Sequenc
         n = len(traj.token_ids)
         if len(adv) != n:
             raise ValueError(f"trajectory {i}: {len(adv)} token advantages for {n} tokens")
-        if len(traj.token_logprobs) != n:
+        if len(traj.token_logprobs) != n and (require_logprobs or traj.token_logprobs):
             raise ValueError(f"trajectory {i} has no sampling log-probs (token_logprobs)")
         out["input_ids"][i, :n] = traj.token_ids
         out["attention_mask"][i, :n] = 1
         out["policy_mask"][i, :n] = np.asarray(traj.token_step) != GAP
         out["advantages"][i, :n] = adv
-        out["old_logp"][i, :n] = traj.token_logprobs
+        if traj.token_logprobs:
+            out["old_logp"][i, :n] = traj.token_logprobs
     out["policy_mask"][:, 0] = 0.0  # nothing predicts the first token
     return out
 

@@ -41,10 +41,16 @@ class _Section(BaseModel):
 
 
 class EnvSection(_Section):
-    id: str | Callable[..., Any] = Field(description="a Gymnasium id ('module:Class' works too); from Python also "
-                                                     "an env class or a creator function")
+    id: str | Callable[..., Any] = Field(description="a registered Gymnasium id, 'module:id' (the module registers "
+                                                     "the id) or 'module:Class'; from Python also an env class or a "
+                                                     "creator function")
     config: dict[str, Any] = Field(default_factory=dict, description="the environment's constructor keyword arguments")
-    task_ids: list[str] | None = Field(None, description="train on these tasks; null: every task the env lists")
+    modules: list[str] = Field(default_factory=list, description="modules imported before the env is looked up, in "
+                                                                 "the driver and in every env runner: the ones that "
+                                                                 "call gym.register for your own ids")
+    task_ids: list[str] | None = Field(None, description="train on these tasks; null: every task the env lists "
+                                                         "(its task_ids); either way reset(options={task_id: ...}) "
+                                                         "starts one")
 
 
 class LoraSection(_Section):
@@ -340,6 +346,7 @@ def reject_literal_secrets(options: Any, where: str) -> None:
 KNOBS: dict[str, str] = {
     "env": "env.id",
     "env_config": "env.config",
+    "env_modules": "env.modules",
     "task_ids": "env.task_ids",
     "seed": "seed",
     **{"policy_model" if key == "model" else key: f"policy.{key}" for key in PolicySection.model_fields},
@@ -424,7 +431,24 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
         _apply_override(raw, item, path)
     raw.setdefault("name", path.stem)
     raw.setdefault("output_dir", str(Path("runs") / raw["name"]))
+    if (raw.get("env") or {}).get("modules"):
+        _importable_from(path.parent)
     return parse_config(raw, source=str(path))
+
+
+def _importable_from(folder: Path) -> None:
+    """``env.modules`` import from the config file's folder first (then ``PYTHONPATH``), as a
+    script's own folder is: here, and, through ``PYTHONPATH``, in the processes of the local
+    Ray cluster this command starts (env runners, learners)."""
+    import os
+    import sys
+
+    folder_s = str(folder.resolve())
+    if folder_s not in sys.path:
+        sys.path.insert(0, folder_s)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if folder_s not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([folder_s, *paths])
 
 
 def _read(path: Path, seen: tuple) -> dict:
@@ -506,14 +530,14 @@ def _apply_override(raw: dict, item: str, path: Path) -> None:
 
 
 def _check_env(config: RunConfig, source: str) -> None:
-    import gymnasium as gym
+    """The id resolves here (``env.modules`` imported first); building it and asking for its
+    tasks is ``GRPOConfig.validate``'s part, before any actor starts."""
+    from draco_gym.registration import EnvSourceError, env_entry
 
-    import draco_gym  # noqa: F401 - registers the built-in ids
-
-    if ":" not in config.env.id and config.env.id not in gym.registry:
-        hint = difflib.get_close_matches(config.env.id, list(gym.registry), n=1)
-        close = f"; did you mean {hint[0]!r}?" if hint else ""
-        raise ConfigError(f"{source}: env.id: {config.env.id!r} is not a registered Gymnasium id{close}")
+    try:
+        env_entry(config.env.id, config.env.modules)
+    except EnvSourceError as exc:
+        raise ConfigError(f"{source}: env.id: {exc}") from None
 
 
 # -- the schema as text -----------------------------------------------------------------------

@@ -29,25 +29,62 @@ from draco_gym.algos.config import EpisodeLimits
 from draco_gym.algos.rollout import Episode, run_episodes
 
 
-def make_env(env: Any, env_config: dict):
-    """An environment from RLlib's ``config.env``: a Gymnasium id, an id registered with
-    ``ray.tune.register_env``, a class (called with ``**env_config``) or a creator
-    function (called with ``env_config``)."""
-    import gymnasium as gym
-
-    import draco_gym  # noqa: F401 - registers the draco_gym/ ids
+def make_env(env: Any, env_config: dict, modules=()):
+    """An environment from RLlib's ``config.env``: an id registered with
+    ``ray.tune.register_env``, a Gymnasium id (``"module:id"`` and ``"module:Class"`` too;
+    ``modules`` are imported first: the ones that register the user's ids), a registered
+    ``EnvSpec``, a class (called with ``**env_config``) or a creator function (called with
+    ``env_config``)."""
+    from draco_gym.registration import env_entry, make_from_entry
 
     if isinstance(env, str):
         from ray.tune.registry import ENV_CREATOR, _global_registry
 
         if _global_registry.contains(ENV_CREATOR, env):
             return _global_registry.get(ENV_CREATOR, env)(dict(env_config))
-        return gym.make(env, **dict(env_config))
-    if isinstance(env, type):
-        return env(**dict(env_config))
-    if callable(env):
-        return env(dict(env_config))
-    raise ValueError(f"config.env must be a Gymnasium id, a class or a creator function, got {env!r}")
+    return make_from_entry(env_entry(env, modules), env_config)
+
+
+_TASKS: dict = {}
+
+
+def env_source(env: Any, env_config: dict, modules=(), task_ids=None) -> tuple[Any, list[str]]:
+    """What the env runners build from and the tasks to train on, found in this process (the
+    driver) by building the environment once (``registration.env_tasks``: the task protocol).
+    Remembered per environment, config and task list: ``validate`` runs more than once.
+
+    The first item is a ``gymnasium`` ``EnvSpec`` for an id registered here, so an env
+    runner builds the user's environment without having run the user's ``gym.register``."""
+    import json
+
+    from draco_gym.registration import env_entry, env_tasks
+
+    key = (env if isinstance(env, str) else id(env), json.dumps(env_config, sort_keys=True, default=repr),
+           tuple(modules or ()), tuple(task_ids or ()))
+    if key not in _TASKS:
+        from ray.tune.registry import ENV_CREATOR, _global_registry
+
+        tune_registered = isinstance(env, str) and _global_registry.contains(ENV_CREATOR, env)
+        entry = env if tune_registered else env_entry(env, modules)
+        probe = make_env(env, env_config, modules) if tune_registered else _build(entry, env, env_config)
+        try:
+            tasks = env_tasks(probe, env, task_ids)
+        finally:
+            probe.close()
+        _TASKS[key] = (entry, tasks)
+    return _TASKS[key]
+
+
+def _build(entry, name, env_config):
+    from draco_gym.registration import EnvSourceError, make_from_entry
+
+    try:
+        return make_from_entry(entry, env_config)
+    except EnvSourceError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the env's own constructor error, named
+        raise EnvSourceError(f"env {name!r} could not be built with env_config {env_config!r:.300}: "
+                             f"{type(exc).__name__}: {exc}") from exc
 
 
 def weights_digest(state: dict) -> str:
@@ -79,7 +116,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self._envs: list = []
         self._reward = None
         self._sampled: list[dict] = []
-        self._probe = make_env(config.env, config.env_config)
+        self._probe = self._make_env()
         self.module = config.get_rl_module_spec(spaces=self.get_spaces(), inference_only=True).build()
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
         self.chat = ChatFormat.from_tokenizer(self.tokenizer)
@@ -155,7 +192,14 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
     def _ensure_envs(self, n: int) -> None:
         while len(self._envs) < n:
-            self._envs.append(make_env(self.config.env, self.config.env_config))
+            self._envs.append(self._make_env())
+
+    def _make_env(self):
+        """From the driver's ``EnvSpec`` when ``validate`` found one (the user's
+        ``gym.register`` need not run here), else from ``config.env``."""
+        entry = getattr(self.config, "env_entry", None)
+        return make_env(entry if entry is not None else self.config.env, self.config.env_config,
+                        self.config.env_modules)
 
     # -- EnvRunner / Checkpointable contract -------------------------------------------------
 

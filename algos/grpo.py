@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 from ray.rllib.algorithms.algorithm import Algorithm
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
@@ -40,7 +40,7 @@ from draco_gym.algos.batch import shard_rows, token_batch
 from draco_gym.algos.config import KNOBS, ConfigError, RunConfig, check_knobs, knob_defaults, knob_values
 from draco_gym.algos.credit import CREDIT_RULES, get_credit_rule
 from draco_gym.algos.credit.apply import CreditedBatch, apply_credit
-from draco_gym.algos.env_runner import LLMEnvRunner
+from draco_gym.algos.env_runner import LLMEnvRunner, env_source
 from draco_gym.algos.learner import GRPOTorchLearner
 from draco_gym.algos.models import resolve_model
 from draco_gym.algos.module import HFPolicyModule
@@ -70,6 +70,11 @@ class GRPOConfig(AlgorithmConfig):
         # RLlib plumbing: our own runner, no policy copy in the driver
         self.env_runner_cls = LLMEnvRunner
         self.create_local_env_runner = False
+        self.env_entry = None  # what the env runners build from: set by validate (env_runner.env_source)
+        # An env runner's error reaches the driver as raised (an actor that died in its
+        # constructor, a failed sample), instead of the runner being dropped silently and a
+        # later call finding no runner at all.
+        self.restart_failed_env_runners = False
 
     @classmethod
     def from_run_config(cls, run: RunConfig, *, output_dir: str | None = None) -> GRPOConfig:
@@ -80,6 +85,17 @@ class GRPOConfig(AlgorithmConfig):
         config.output_dir = output_dir
         config.log_level = "WARN"
         return config
+
+    def environment(self, env=NotProvided, *, env_modules: list[str] | None = None,
+                    task_ids: list[str] | None = None, **kwargs) -> GRPOConfig:
+        """RLlib's ``environment`` plus ``env_modules`` (modules imported before the env is
+        looked up, in the driver and in every env runner: the ones that call ``gym.register``
+        for your ids) and ``task_ids`` (the tasks to train on; default: the env's
+        ``task_ids``). ``env`` is a registered id, ``"module:id"``, ``"module:Class"``, an env
+        class or a creator function."""
+        super().environment(env, **kwargs)
+        return self._set({k: list(v) for k, v in (("env_modules", env_modules), ("task_ids", task_ids))
+                          if v is not None})
 
     def policy(self, **knobs) -> GRPOConfig:
         """The policy: ``model`` (a local directory or ``"smollm2-135m-instruct"``), ``dtype``,
@@ -112,6 +128,21 @@ class GRPOConfig(AlgorithmConfig):
         if self.in_evaluation:  # RLlib's evaluation copy runs no rollouts of ours
             values.pop("num_env_runners")
         check_knobs(values)
+        if not self.in_evaluation:
+            entry = self.env_source()[0]
+            if not self._is_frozen:
+                self.env_entry = entry
+
+    def env_source(self) -> tuple[Any, list[str]]:
+        """The environment's entry and the tasks to train on, checked here in the driver by
+        building the environment once (``env_runner.env_source``), so a wrong id, a module
+        that does not register it or an env that lists no tasks fails before any actor starts."""
+        from draco_gym.registration import EnvSourceError
+
+        try:
+            return env_source(self.env, self.env_config, self.env_modules, self.task_ids)
+        except EnvSourceError as exc:
+            raise ConfigError(f"GRPOConfig: {exc}") from None
 
     def get_default_rl_module_spec(self) -> RLModuleSpec:
         return RLModuleSpec(module_class=HFPolicyModule, model_config=self.policy_model_config())
@@ -145,10 +176,7 @@ class GRPO(Algorithm):
         _ = config.model_path  # convert an aliased model once, before every actor loads it
         super().setup(config)
         self.rollout_log = RolloutLog(Path(config.output_dir) / "rollouts.jsonl") if config.output_dir else None
-        self._task_ids = list(self.config.task_ids or self.env_runner_group.foreach_env_runner(
-            lambda runner: runner.task_ids(), local_env_runner=False)[0])
-        if not self._task_ids:
-            raise ValueError("the environment has no tasks to train on")
+        self._task_ids = self.config.env_source()[1]
         if self.config.restore_from:
             # Inside Tune too: the trial starts from the checkpoint's adapter, optimizer state
             # and iteration count, so the task draws and seeds continue where they left off.

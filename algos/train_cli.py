@@ -78,24 +78,14 @@ def run(args: argparse.Namespace) -> int:
 
 def prepare(config, *, env_config: dict | None = None, task_ids: list[str] | None = None) -> list[str]:
     """Convert the model if needed and build the environment once; returns the task ids."""
-    from draco_gym.algos.env_runner import make_env
+    from draco_gym.algos.env_runner import env_source
     from draco_gym.algos.models import resolve_model
 
     print(f"preparing model {config.policy.model} ...", flush=True)
     resolve_model(config.policy.model)
     print(f"preparing environment {config.env.id} ...", flush=True)
-    env = make_env(config.env.id, env_config if env_config is not None else config.env.config)
-    try:
-        known = list(getattr(env.unwrapped, "task_ids", None) or [])
-    finally:
-        env.close()
-    wanted = task_ids or known
-    if not wanted:
-        raise ValueError(f"{config.env.id} lists no tasks; give env.task_ids")
-    unknown = [t for t in wanted if known and t not in known]
-    if unknown:
-        raise ValueError(f"task ids not in {config.env.id}: {unknown[:5]}")
-    return list(wanted)
+    env_config = env_config if env_config is not None else config.env.config
+    return list(env_source(config.env.id, env_config, config.env.modules, task_ids)[1])
 
 
 def start_ray(config) -> None:

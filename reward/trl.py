@@ -18,7 +18,14 @@ Conversion: a prompt is a string or a list of chat messages (the system message 
 string (one step) or a list of messages (each assistant message a step, the messages
 after it its observation). A ``task_id`` column, when present, names the task (the
 dynamic reward caches its proposed criteria per task); a ``metrics`` column of dicts
-feeds the outcome reward.
+feeds the outcome reward. A ``trajectory`` column (``Trajectory`` objects, as
+``draco_gym.algos.trl_rollout.EnvRollout`` returns for whole multi-turn episodes played in
+a draco-gym environment) is scored as it is, instead of converting the completion.
+
+When to use which: completions TRL generates itself are single-turn text and nothing runs
+their code, so a rubric sees one step and the rule reward fails them all; that suits judge
+rewards on single-turn data. For agent episodes with code execution, give TRL
+``EnvRollout`` as ``rollout_func``: the rows then carry ``trajectory``.
 """
 
 from __future__ import annotations
@@ -94,15 +101,20 @@ class TRLReward:
             raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
         ids = columns.get("task_id")
         metrics = columns.get("metrics")
+        played = columns.get("trajectory")  # whole episodes from a rollout_func (algos/trl_rollout.py)
         groups: list[tuple[Task, list[Trajectory]]] = []
         previous = object()
         for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
             key = json.dumps(prompt, sort_keys=True, default=str)
             if key != previous:
-                groups.append((task_from_prompt(prompt, ids[i] if ids is not None else None), []))
+                task = played[i].task if played is not None else task_from_prompt(prompt, ids[i] if ids is not None else None)
+                groups.append((task, []))
                 previous = key
             task, members = groups[-1]
-            members.append(trajectory_from_completion(task, completion, metrics[i] if metrics is not None else None))
+            if played is not None:
+                members.append(played[i])
+            else:
+                members.append(trajectory_from_completion(task, completion, metrics[i] if metrics is not None else None))
         if self.num_generations:
             sizes = [len(m) for _, m in groups]
             if any(s != self.num_generations for s in sizes):
