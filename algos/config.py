@@ -253,6 +253,17 @@ def check_stop(stop: dict[str, float]) -> dict[str, float]:
     return stop
 
 
+class WarmStartSection(_Section):
+    """A supervised LoRA warm start on reference solutions before GRPO (``draco_gym.algos.sft``)."""
+
+    epochs: int = Field(0, ge=0, description="passes over the demonstrations (0: no warm start; GRPO starts "
+                                             "from policy.model)")
+    lr: float = Field(3e-4, gt=0, description="AdamW learning rate of the warm start's LoRA adapter")
+    batch_size: int = Field(4, ge=1, description="demonstrations per optimizer step")
+    task_ids: list[str] | None = Field(None, description="demonstrate these tasks' reference solutions (null: "
+                                                         "env.task_ids, else every task the env lists)")
+
+
 class RunConfig(_Section):
     name: str = Field("run", description="run name (a file's default: its stem)")
     output_dir: str = Field("runs/run", description="metrics.jsonl, rollouts.jsonl, plots/, checkpoint/, tune/")
@@ -267,6 +278,9 @@ class RunConfig(_Section):
     resources: ResourcesSection = Field(default_factory=ResourcesSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     eval: EvalSection = Field(default_factory=EvalSection)
+    warm_start: WarmStartSection = Field(default_factory=WarmStartSection, description="draco-gym train first "
+                                         "fine-tunes policy.model on the env's reference solutions, writes it to "
+                                         "OUTPUT_DIR/warm_start and runs GRPO from it")
     stop: dict[str, float] = Field(default_factory=dict, description="Tune stop criteria: result key -> threshold; "
                                    "the run stops once a result reaches one (>=), e.g. "
                                    "{env_runners/episode_return_mean: 0.8}; training_iteration is `iterations`")

@@ -59,6 +59,24 @@ def run(args: argparse.Namespace) -> int:
     if args.epochs < 1 or args.lr <= 0 or args.batch_size < 1:
         print("error: --epochs and --batch-size must be >= 1 and --lr > 0", file=sys.stderr)
         return 2
+    settings = config.warm_start.model_copy(update={"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size})
+    try:
+        out = warm_start_from_config(config, settings, out=args.out, max_tasks=args.max_tasks, reuse=False)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"train from it with --set policy.model={out}", flush=True)
+    return 0
+
+
+def warm_start_from_config(config, settings=None, *, out: str | Path | None = None, max_tasks: int | None = None,
+                           reuse: bool = True) -> Path:
+    """Warm-start ``config``'s policy on its environment's reference solutions (``settings``:
+    a ``WarmStartSection``, default ``config.warm_start``) and return the model directory,
+    ``OUTPUT_DIR/warm_start`` unless ``out`` is given. With ``reuse``, a directory already
+    warm-started from the same model, tasks and settings is returned as it is (a rerun or
+    ``--resume`` of the same config does not train it again). Raises ``ValueError`` naming
+    what is wrong (no tasks, no reference solutions, a reference that does not fit the env)."""
     from transformers import AutoTokenizer
 
     from draco_gym.algos.chat import ChatFormat
@@ -66,36 +84,39 @@ def run(args: argparse.Namespace) -> int:
     from draco_gym.algos.models import resolve_model
     from draco_gym.algos.sft import warm_start
 
+    settings = settings or config.warm_start
     model = resolve_model(config.policy.model)
+    out = Path(out or Path(config.output_dir) / "warm_start")
     env = make_env(config.env.id, config.env.config)
     try:
-        task_ids = list(config.env.task_ids or getattr(env.unwrapped, "task_ids", None) or [])
-        if args.max_tasks:
-            task_ids = task_ids[: args.max_tasks]
+        task_ids = list(settings.task_ids or config.env.task_ids or getattr(env.unwrapped, "task_ids", None) or [])
+        if max_tasks:
+            task_ids = task_ids[:max_tasks]
         if not task_ids:
-            print(f"error: {config.env.id} lists no tasks; give env.task_ids", file=sys.stderr)
-            return 2
+            raise ValueError(f"{config.env.id} lists no tasks; give warm_start.task_ids or env.task_ids")
+        key = {"model": str(model), "env": config.env.id, "env_config": config.env.config, "tasks": task_ids,
+               "epochs": settings.epochs, "lr": settings.lr, "batch_size": settings.batch_size,
+               "lora": config.policy.lora.model_dump(), "dtype": config.policy.dtype, "seed": config.seed}
+        done = out / "warm_start.json"
+        if reuse and done.is_file() and json.loads(done.read_text()).get("key") == json.loads(json.dumps(key)):
+            print(f"warm start: reusing {out} (same model, tasks and settings)", flush=True)
+            return out
         chat = ChatFormat.from_tokenizer(AutoTokenizer.from_pretrained(model))
         examples, missing = demonstrations(env, chat, task_ids, max_prompt_tokens=config.rollout.max_prompt_tokens)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     finally:
         env.close()
     if missing:
         print(f"{len(missing)} of {len(task_ids)} tasks have no reference solution, e.g. {missing[:3]}")
     if not examples:
-        print("error: no demonstrations to train on", file=sys.stderr)
-        return 2
-    out = Path(args.out or Path(config.output_dir) / "warm_start")
+        raise ValueError("no demonstrations to train on")
     print(f"warm start of {config.policy.model} on {len(examples)} reference solutions of {config.env.id}: "
-          f"{args.epochs} epochs, lr {args.lr}", flush=True)
+          f"{settings.epochs} epochs, lr {settings.lr}", flush=True)
     t0 = time.time()
-    report = warm_start(model, examples, out, lora=config.policy.lora.model_dump(), epochs=args.epochs, lr=args.lr,
-                        batch_size=args.batch_size, dtype=config.policy.dtype, seed=config.seed,
+    report = warm_start(model, examples, out, lora=config.policy.lora.model_dump(), epochs=settings.epochs,
+                        lr=settings.lr, batch_size=settings.batch_size, dtype=config.policy.dtype, seed=config.seed,
                         log=lambda row: print(f"  epoch {row['epoch']}: loss {row['loss']:.4f}", flush=True))
     report["seconds"] = round(time.time() - t0, 1)
+    report["key"] = key
     (out / "warm_start.json").write_text(json.dumps(report, indent=1))
-    print(f"warm-started model in {out} ({report['seconds']} s); train from it with "
-          f"--set policy.model={out}", flush=True)
-    return 0
+    print(f"warm-started model in {out} ({report['seconds']} s)", flush=True)
+    return out

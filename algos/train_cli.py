@@ -5,6 +5,10 @@ fails in a second, naming the key), then the model is prepared and the environme
 once in this process (a converted model, an AppWorld runtime set up with visible progress,
 environment keyword errors surfacing here), and only then does Ray start.
 
+With a ``warm_start:`` section (``epochs`` > 0) the policy is first fine-tuned on the
+environment's reference solutions (``draco_gym.algos.sft_cli.warm_start_from_config``) and
+GRPO, and the ``--before-after`` evaluation, start from that model.
+
 Tune runs the algorithm (``tune.Tuner("GRPO", param_space=config)``) until a stop criterion
 holds (``iterations``, or any of ``stop:``): it writes the TensorBoard event files and
 checkpoints, and feeds the trackers of ``logging:`` (its own W&B and MLflow callbacks); this
@@ -55,6 +59,15 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and not Path(args.resume).is_dir():
         print(f"error: --resume {args.resume}: no such checkpoint directory", file=sys.stderr)
         return 2
+    if config.warm_start.epochs:
+        from draco_gym.algos.sft_cli import warm_start_from_config
+
+        try:
+            model = warm_start_from_config(config)
+        except (ValueError, FileNotFoundError) as exc:
+            print(f"error: warm_start: {exc}", file=sys.stderr)
+            return 2
+        config = config.model_copy(update={"policy": config.policy.model_copy(update={"model": str(model.resolve())})})
     if not args.before_after:
         return train(config, resume=args.resume)
     from draco_gym.algos.before_after import evaluate_policy, table, write_summary

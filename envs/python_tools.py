@@ -189,6 +189,19 @@ def tool_spec(tool: Callable | str) -> str:
     return f"{module}:{qualname}"
 
 
+def _import_function(spec: str, what: str) -> Callable:
+    """The function a ``"module:function"`` string names (a YAML config can only give names)."""
+    import importlib
+
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"{what} {spec!r} must be written 'module:function'")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"{what} {spec!r}: {exc}") from None
+
+
 def describe_tool(tool: Callable | str) -> str:
     """One tool's signature and docstring, as the agent sees it."""
     if isinstance(tool, str):
@@ -275,8 +288,11 @@ class PythonToolsEnv(CodeStepEnv):
 
     ## Arguments
     ``tools``: top-level functions or ``"module:function"`` strings (default: the shop's).
-    ``tasks``: ``Task`` objects or ``{"id", "instruction", "answer"}`` dicts (default: the
-    shop's when ``tools`` is not given; required otherwise); ``options={"task_id": ...}``
+    ``tasks``: ``Task`` objects or ``{"id", "instruction", "answer"}`` dicts, or a
+    ``"module:function"`` returning them (e.g. ``"draco_gym.envs.shop:purchase_tasks"``,
+    the shop's easier tier) (default: the shop's when ``tools`` is not given; required
+    otherwise); a task's ``metadata["reference"]`` (code blocks) is its reference solution
+    (``reference_messages``); ``options={"task_id": ...}``
     at reset picks one, else the reset seed draws one.
     ``step_timeout_s`` (10) bounds one block's wall-clock time; ``memory_mb`` (1024),
     ``cpu_s`` (120), ``file_mb`` (16) are the interpreter's resource limits and
@@ -314,6 +330,8 @@ class PythonToolsEnv(CodeStepEnv):
     ) -> None:
         super().__init__(**kwargs)
         os_sandbox.check_mode(sandbox)
+        if isinstance(tasks, str):
+            tasks = _import_function(tasks, "tasks")()
         if tools is None:
             from draco_gym.envs import shop
 
@@ -350,6 +368,19 @@ class PythonToolsEnv(CodeStepEnv):
         if "answer" in item:
             metadata["answer"] = item["answer"]
         return Task(id=str(item["id"]), instruction=item["instruction"], metadata=metadata)
+
+    def reference_messages(self, task_id: str) -> list[str]:
+        """The assistant messages of ``task_id``'s reference solution (the code blocks in its
+        ``metadata["reference"]``, fenced, then under ``end_rule="no_code"`` a closing
+        message), or [] when the task has none. Demonstrations for ``draco-gym sft``."""
+        if task_id not in self._tasks:
+            raise ValueError(f"unknown task_id {task_id!r}; this environment has {len(self._tasks)} tasks, "
+                             f"e.g. {self.task_ids[:3]}")
+        blocks = self._tasks[task_id].metadata.get("reference") or []
+        messages = [f"```python\n{block}\n```" for block in blocks]
+        if messages and self.end_rule == "no_code":
+            messages.append("Submitted.")
+        return messages
 
     def _start(self, seed: int | None, options: dict[str, Any]) -> Task:
         unknown = set(options) - {"task_id"}

@@ -143,3 +143,31 @@ def tasks() -> list[dict]:
                     "instruction": f"How much has {customer['name']} spent across all of their orders? "
                                    "Submit the number rounded to 2 decimals."})
     return out
+
+
+def purchase_tasks() -> list[dict]:
+    """The shop's easier tier: 40 one-lookup tasks, "what do N units of product P cost?",
+    one per product, with a reference solution (the code blocks that solve it). Solving one
+    means calling the right tool with the id from the instruction and computing from its
+    result: the habit every harder task builds on. Ids ``purchase-1`` .. ``purchase-40``;
+    ``purchase_split`` divides them into train and held-out tasks."""
+    rng = random.Random(11)
+    out = []
+    for n, product in enumerate(_world()["products"], start=1):
+        quantity = rng.randint(2, 5)
+        out.append({
+            "id": f"purchase-{n}",
+            "answer": round(product["price"] * quantity, 2),
+            "instruction": f"How much do {quantity} units of product {product['id']} cost? "
+                           "Submit the number rounded to 2 decimals.",
+            "metadata": {"reference": [f"product = get_product(\"{product['id']}\")\n"
+                                       f"submit(round(product[\"price\"] * {quantity}, 2))"]},
+        })
+    return out
+
+
+def purchase_split() -> dict[str, list[str]]:
+    """``purchase_tasks``' ids by split: every second product is held out (``test``), so the
+    two splits cover the same categories and price range but share no product or answer."""
+    ids = [t["id"] for t in purchase_tasks()]
+    return {"train": ids[0::2], "test": ids[1::2]}

@@ -58,6 +58,9 @@ print(apis.api_docs.show_app_descriptions())
 Today is {date}.
 Task: {instruction}"""
 
+CLOSING_MESSAGE = "The task is complete."
+"""The reference's last message under ``end_rule="no_code"``: no code, so the episode ends."""
+
 ENDINGS = {
     "no_code": "After calling complete_task, reply with a short message and no code block: that ends the episode.",
     "task_completed": "The episode ends as soon as complete_task has been called.",
@@ -160,6 +163,16 @@ class AppWorldEnv(CodeStepEnv):
         self._server: EnvServer | None = None
         self.recoveries = 0
         self._state_key = START
+
+    def reference_messages(self, task_id: str) -> list[str]:
+        """The assistant messages of ``task_id``'s reference solution under this env's end
+        rule: each reference block fenced, then (``end_rule="no_code"``) a closing message
+        without code. Demonstrations for a supervised warm start (``draco-gym sft``)."""
+        self._check_task_id(task_id)
+        messages = [f"```python\n{block}\n```" for block in self.source.ground_truth(task_id).reference_blocks]
+        if self.end_rule == "no_code":
+            messages.append(CLOSING_MESSAGE)
+        return messages
 
     # -- hooks ------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
@@ -101,6 +102,37 @@ class TaskSource:
                 continue
             (evidence if name.startswith(READ_PREFIXES) else execution).append(api)
         return {"evidence": evidence, "execution": execution}
+
+    def ground_truth(self, task_id: str) -> GroundTruth:
+        """The task's reference and wrong solutions (what the offline suite's builder writes;
+        a real AppWorld data folder has no wrong solution, so ``wrong_blocks`` is then empty)."""
+        if not self.has_task(task_id):
+            raise ValueError(f"unknown AppWorld task id {task_id!r} in {self.data_dir}")
+        folder = self.data_dir / "tasks" / task_id / "ground_truth"
+        if not (folder / "reference_solution.json").is_file():
+            raise FileNotFoundError(f"{task_id}: no ground_truth/reference_solution.json in {self.data_dir}")
+        reference = self.ground_truth_file(task_id, "reference_solution.json")
+        wrong = self.ground_truth_file(task_id, "wrong_solution.json") if (folder / "wrong_solution.json").is_file() else {}
+        if not isinstance(reference, list) or not all(isinstance(b, str) for b in reference):
+            raise ValueError(f"{task_id}: reference_solution.json must be a list of code blocks")
+        return GroundTruth(task_id, list(reference), list(wrong.get("blocks", [])), wrong.get("fails"))
+
+
+@dataclass(frozen=True)
+class GroundTruth:
+    """One task's solutions: ``reference_blocks`` solve it, ``wrong_blocks`` look alike but
+    fail the requirement that starts with ``wrong_fails``."""
+
+    task_id: str
+    reference_blocks: list[str]
+    wrong_blocks: list[str]
+    wrong_fails: str | None
+
+
+def ground_truth(task_id: str, data_root: str | os.PathLike | None = None, *, seed: int = 0) -> GroundTruth:
+    """Reference and wrong solutions of ``task_id`` in the offline suite of ``seed`` (built if
+    needed) or in the data folder ``data_root``."""
+    return resolve_source(data_root, AppWorldRuntime(), seed=seed).ground_truth(task_id)
 
 
 def suite_fingerprint(runtime: AppWorldRuntime, seed: int) -> str:
