@@ -60,20 +60,20 @@ class PolicyJudge:
 
     async def complete(self, messages, *, schema=None, schema_name="", temperature=0.1, max_tokens=1024, sample=0):
         from draco_gym.reward.judges import JudgeReply, JudgeUnavailable
-        from draco_gym.reward.local_judge import PromptTooLong, generate_answer
+        from draco_gym.reward.local_judge import DoesNotFit, generate_answer
 
         def run() -> JudgeReply:
             try:
                 ids = self.prompt_ids(messages)
-            except PromptTooLong as exc:
+                constraint = self._schema_constraint() if self.constrained else None
+                with self._lock:
+                    text, n_in, n_out = generate_answer(
+                        self.runner.module.lm, self.runner.tokenizer, ids, eos_ids=self.runner.chat.eos_ids,
+                        pad_id=self.runner.sampler.pad_id, temperature=temperature, max_tokens=max_tokens,
+                        seed=hash((len(ids), sample)) & 0x7FFFFFFF, schema=schema, constraint=constraint,
+                        thinking=self.thinking, thinking_tokens=self.thinking_tokens)
+            except DoesNotFit as exc:
                 raise JudgeUnavailable(str(exc)) from None
-            constraint = self._schema_constraint() if self.constrained else None
-            with self._lock:
-                text, n_in, n_out = generate_answer(
-                    self.runner.module.lm, self.runner.tokenizer, ids, eos_ids=self.runner.chat.eos_ids,
-                    pad_id=self.runner.sampler.pad_id, temperature=temperature, max_tokens=max_tokens,
-                    seed=hash((len(ids), sample)) & 0x7FFFFFFF, schema=schema, constraint=constraint,
-                    thinking=self.thinking, thinking_tokens=self.thinking_tokens)
             return JudgeReply(text, n_in, n_out)
 
         return await asyncio.to_thread(run)

@@ -360,19 +360,20 @@ class TransformersJudge:
 
     def _generate(self, messages: list[dict[str, str]], schema: dict | None, temperature: float, max_tokens: int,
                   sample: int) -> JudgeReply:
-        from draco_gym.reward.local_judge import PromptTooLong, generate_answer
+        from draco_gym.reward.local_judge import DoesNotFit, generate_answer
 
-        try:
-            ids = self._prompt_ids(messages)
-        except PromptTooLong as exc:
-            raise JudgeUnavailable(str(exc)) from None
         tok = self.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else self.eos_ids[0]
-        with self._lock:
-            text, n_in, n_out = generate_answer(
-                self.lm, tok, ids, eos_ids=self.eos_ids, pad_id=pad, temperature=temperature, max_tokens=max_tokens,
-                seed=sample, schema=schema, constraint=self.constraint() if self.constrained else None,
-                thinking=self.thinking, thinking_tokens=self.thinking_tokens)
+        try:
+            ids = self._prompt_ids(messages)
+            with self._lock:
+                text, n_in, n_out = generate_answer(
+                    self.lm, tok, ids, eos_ids=self.eos_ids, pad_id=pad, temperature=temperature,
+                    max_tokens=max_tokens, seed=sample, schema=schema,
+                    constraint=self.constraint() if self.constrained else None, thinking=self.thinking,
+                    thinking_tokens=self.thinking_tokens)
+        except DoesNotFit as exc:
+            raise JudgeUnavailable(str(exc)) from None
         return JudgeReply(text, n_in, n_out)
 
     async def complete(

@@ -42,8 +42,16 @@ THINK_END = "</think>"
 _TRAJECTORY = re.compile(r"(<trajectory\b[^>]*>\n)(.*?)(\n</trajectory>)", re.S)
 
 
-class PromptTooLong(ValueError):
+class DoesNotFit(ValueError):
+    """A judge call cannot fit its token budgets; the message names the setting to raise."""
+
+
+class PromptTooLong(DoesNotFit):
     """The stage's rules, task and rubric alone exceed the judge's prompt budget."""
+
+
+class AnswerTooLong(DoesNotFit):
+    """``max_tokens`` cannot hold a complete answer of the stage's schema."""
 
 
 # -- the prompt ------------------------------------------------------------------------------
@@ -108,15 +116,16 @@ def _require_llguidance():
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """One space after separators, no other whitespace: what instruction-tuned models write."""
 
-UNBOUNDED_ITEMS = 8
-"""The grammar's cap on a list the schema leaves open (grounding references, cited steps)."""
+OPEN_LIST_ITEMS = 4
+"""The grammar's cap on a list the schema leaves open (grounding references, cited steps):
+every item of every list takes its share of the answer's token budget."""
 
 
 def grammar_schema(schema: dict) -> dict:
     """The schema the grammar enforces: the stage's schema made tighter where JSON Schema is
     loose. No object takes keys the schema does not name. A verdict list that must cover every criterion once (an enum of titles, exactly
     that many items) becomes one item per title in rubric order, so no title is repeated or
-    missed; open lists get at most ``UNBOUNDED_ITEMS`` items (cited steps at most the step
+    missed; open lists get at most ``OPEN_LIST_ITEMS`` items (cited steps at most the step
     range). The answer checks keep the stage's own rules."""
     schema = json.loads(json.dumps(schema))
 
@@ -133,8 +142,8 @@ def grammar_schema(schema: dict) -> dict:
                     {**item, "properties": {**item["properties"], "criterion": {"const": t}}} for t in titles]
                 node["items"] = False
             elif "maxItems" not in node:
-                bound = item.get("maximum")
-                node["maxItems"] = max(node.get("minItems", 0), min(int(bound), UNBOUNDED_ITEMS) if bound else UNBOUNDED_ITEMS)
+                cap = min(int(item["maximum"]), OPEN_LIST_ITEMS) if "maximum" in item else OPEN_LIST_ITEMS
+                node["maxItems"] = max(node.get("minItems", 0), cap)
         for value in node.values():
             if isinstance(value, dict):
                 walk(value)
@@ -176,9 +185,13 @@ def string_budget(schema: dict, max_tokens: int, count_tokens: Callable[[str], i
             return ""
         return node.get("maximum", 10)
 
-    skeleton = json.dumps(example(schema), ensure_ascii=False, separators=(", ", ": "))
-    room = int(0.95 * max_tokens) - count_tokens(skeleton) - 2
-    return max(4, room // max(slots, 1))
+    skeleton = count_tokens(json.dumps(example(schema), ensure_ascii=False, separators=(", ", ": ")))
+    room = int(0.95 * max_tokens) - skeleton - 2
+    if room < 4 * slots:
+        raise AnswerTooLong(f"max_tokens={max_tokens} cannot hold a complete answer of this stage: its keys, titles "
+                            f"and step lists alone take about {skeleton} tokens and it has {slots} texts to write; "
+                            f"raise the reward's max_tokens to at least {int((skeleton + 24 * slots) / 0.95)}")
+    return room // max(slots, 1)
 
 
 class SchemaConstraint:
