@@ -71,7 +71,7 @@ class PolicyJudge:
                         self.runner.module.lm, self.runner.tokenizer, ids, eos_ids=self.runner.chat.eos_ids,
                         pad_id=self.runner.sampler.pad_id, temperature=temperature, max_tokens=max_tokens,
                         seed=hash((len(ids), sample)) & 0x7FFFFFFF, schema=schema, constraint=constraint,
-                        thinking=self.thinking, thinking_tokens=self.thinking_tokens)
+                        thinking=self.thinking, thinking_tokens=self.thinking_tokens, stage=schema_name)
             except DoesNotFit as exc:
                 raise JudgeUnavailable(str(exc)) from None
             return JudgeReply(text, n_in, n_out)

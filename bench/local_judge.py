@@ -21,6 +21,8 @@ import time
 
 import gymnasium as gym
 
+from draco_gym.reward.answers import STAGES, InvalidAnswer, parse_answer
+
 
 def demo_group(task_id: str):
     """The demo's three scripted episodes of one PythonTools task."""
@@ -43,10 +45,32 @@ def demo_group(task_id: str):
     return trajectories
 
 
+class Logged:
+    """The judge, printing each call as it ends (a CPU run takes minutes)."""
+
+    def __init__(self, judge) -> None:
+        self.judge, self.model = judge, judge.model
+
+    async def complete(self, messages, **kwargs):
+        start = time.perf_counter()
+        reply = await self.judge.complete(messages, **kwargs)
+        seconds = time.perf_counter() - start
+        stage = kwargs["schema_name"]
+        try:
+            parse_answer(stage, reply.text) if stage in STAGES else None
+            shape = "parses"
+        except InvalidAnswer as exc:
+            shape = f"format error: {str(exc)[:120]}"
+        print(f"    {stage:<16} sample {kwargs['sample']}: {reply.prompt_tokens} prompt, "
+              f"{reply.completion_tokens} completion tokens, {seconds:.0f} s "
+              f"({reply.completion_tokens / seconds:.1f} tokens/s), {shape}", flush=True)
+        return reply
+
+
 def run_once(judge, trajectories, args) -> dict:
     from draco_gym.reward import DynamicRubricReward
 
-    reward = DynamicRubricReward(judge, mode=args.mode, score_samples=args.samples, max_proposed=args.max_proposed,
+    reward = DynamicRubricReward(Logged(judge), mode=args.mode, score_samples=args.samples, max_proposed=args.max_proposed,
                                  max_augmented=args.max_augmented, max_criteria=args.max_criteria,
                                  max_tokens=args.max_tokens, max_concurrency=1, retries=0, max_repairs=0,
                                  deadline_s=3600, temperature=0.1)

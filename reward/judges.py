@@ -358,8 +358,8 @@ class TransformersJudge:
             self._constraint = SchemaConstraint(self.tokenizer, vocab, self.eos_ids)
         return self._constraint
 
-    def _generate(self, messages: list[dict[str, str]], schema: dict | None, temperature: float, max_tokens: int,
-                  sample: int) -> JudgeReply:
+    def _generate(self, messages: list[dict[str, str]], schema: dict | None, schema_name: str, temperature: float,
+                  max_tokens: int, sample: int) -> JudgeReply:
         from draco_gym.reward.local_judge import DoesNotFit, generate_answer
 
         tok = self.tokenizer
@@ -371,7 +371,7 @@ class TransformersJudge:
                     self.lm, tok, ids, eos_ids=self.eos_ids, pad_id=pad, temperature=temperature,
                     max_tokens=max_tokens, seed=sample, schema=schema,
                     constraint=self.constraint() if self.constrained else None, thinking=self.thinking,
-                    thinking_tokens=self.thinking_tokens)
+                    thinking_tokens=self.thinking_tokens, stage=schema_name)
         except DoesNotFit as exc:
             raise JudgeUnavailable(str(exc)) from None
         return JudgeReply(text, n_in, n_out)
@@ -386,7 +386,7 @@ class TransformersJudge:
         max_tokens: int = 1024,
         sample: int = 0,
     ) -> JudgeReply:
-        return await asyncio.to_thread(self._generate, messages, schema, temperature, max_tokens, sample)
+        return await asyncio.to_thread(self._generate, messages, schema, schema_name, temperature, max_tokens, sample)
 
 
 class FunctionJudge:

@@ -121,13 +121,28 @@ OPEN_LIST_ITEMS = 4
 every item of every list takes its share of the answer's token budget."""
 
 
-def grammar_schema(schema: dict) -> dict:
+NONEMPTY_STAGES = ("propose", "merge")
+"""Stages whose criteria list may not be empty (``answers.check_proposed``, ``check_merged``)."""
+
+
+def grammar_schema(schema: dict, stage: str = "") -> dict:
     """The schema the grammar enforces: the stage's schema made tighter where JSON Schema is
     loose. No object takes keys the schema does not name. A verdict list that must cover every criterion once (an enum of titles, exactly
     that many items) becomes one item per title in rubric order, so no title is repeated or
-    missed; open lists get at most ``OPEN_LIST_ITEMS`` items (cited steps at most the step
-    range). The answer checks keep the stage's own rules."""
+    missed, and each PASS or FAIL cites a step; open lists get at most ``OPEN_LIST_ITEMS`` items (cited steps at most the step
+    range). Criterion titles have ``TITLE_WORDS`` words, and propose and merge name at least
+    one criterion. The answer checks keep the stage's own rules."""
+    from draco_gym.reward.answers import TITLE_WORDS
+
     schema = json.loads(json.dumps(schema))
+    criteria = schema.get("properties", {}).get("criteria")
+    if isinstance(criteria, dict) and isinstance(criteria.get("items"), dict):
+        low, high = TITLE_WORDS
+        title = criteria["items"].get("properties", {}).get("title")
+        if isinstance(title, dict) and "enum" not in title:
+            title["pattern"] = rf"^[^\s]+( [^\s]+){{{low - 1},{high - 1}}}$"
+        if stage in NONEMPTY_STAGES:
+            criteria["minItems"] = max(criteria.get("minItems", 0), 1)
 
     def walk(node: Any) -> None:
         if not isinstance(node, dict):
@@ -139,7 +154,7 @@ def grammar_schema(schema: dict) -> dict:
             titles = item.get("properties", {}).get("criterion", {}).get("enum")
             if titles and node.get("minItems") == node.get("maxItems") == len(titles):
                 node["prefixItems"] = [
-                    {**item, "properties": {**item["properties"], "criterion": {"const": t}}} for t in titles]
+                    _cited({**item, "properties": {**item["properties"], "criterion": {"const": t}}}) for t in titles]
                 node["items"] = False
             elif "maxItems" not in node:
                 cap = min(int(item["maximum"]), OPEN_LIST_ITEMS) if "maximum" in item else OPEN_LIST_ITEMS
@@ -153,6 +168,20 @@ def grammar_schema(schema: dict) -> dict:
 
     walk(schema)
     return schema
+
+
+def _cited(item: dict) -> dict:
+    """A verdict item whose PASS or FAIL cites at least one step and whose NOT_APPLICABLE
+    cites none (``answers._citation_errors``): two alternatives of the same item."""
+    props = item.get("properties", {})
+    verdict, steps = props.get("verdict"), props.get("steps")
+    if not (isinstance(verdict, dict) and isinstance(steps, dict) and "NOT_APPLICABLE" in verdict.get("enum", [])):
+        return item
+    judged = {**item, "properties": {**props, "verdict": {"enum": ["PASS", "FAIL"]},
+                                     "steps": {**steps, "minItems": 1}}}
+    inapplicable = {**item, "properties": {**props, "verdict": {"const": "NOT_APPLICABLE"},
+                                           "steps": {**steps, "maxItems": 0}}}
+    return {"anyOf": [judged, inapplicable]}
 
 
 def string_budget(schema: dict, max_tokens: int, count_tokens: Callable[[str], int]) -> int:
@@ -214,13 +243,13 @@ class SchemaConstraint:
         self.closes_string[[i for i, t in enumerate(self.texts) if t.startswith('"')]] = True
         self._grammars: dict[str, tuple[str, int]] = {}
 
-    def grammar(self, schema: dict, max_tokens: int) -> tuple[str, int]:
-        """(llguidance grammar, tokens per free-text string) for ``schema``."""
+    def grammar(self, schema: dict, max_tokens: int, stage: str = "") -> tuple[str, int]:
+        """(llguidance grammar, tokens per free-text string) for ``stage``'s ``schema``."""
         import llguidance
 
-        key = json.dumps([schema, max_tokens], sort_keys=True)
+        key = json.dumps([schema, max_tokens, stage], sort_keys=True)
         if key not in self._grammars:
-            bounded = grammar_schema(schema)
+            bounded = grammar_schema(schema, stage)
             per_string = string_budget(bounded, max_tokens, lambda text: len(self.tokenizer.tokenize_str(text)))
             grammar = llguidance.LLMatcher.grammar_from_json_schema(bounded, overrides=JSON_STYLE)
             error = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
@@ -229,10 +258,10 @@ class SchemaConstraint:
             self._grammars[key] = (grammar, per_string)
         return self._grammars[key]
 
-    def processor(self, schema: dict, max_tokens: int) -> JsonLogitsProcessor:
+    def processor(self, schema: dict, max_tokens: int, stage: str = "") -> JsonLogitsProcessor:
         import llguidance
 
-        grammar, per_string = self.grammar(schema, max_tokens)
+        grammar, per_string = self.grammar(schema, max_tokens, stage)
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         return JsonLogitsProcessor(matcher, self, per_string)
 
@@ -321,7 +350,7 @@ def think_end_id(tokenizer: Any) -> int | None:
 def generate_answer(lm: Any, tokenizer: Any, prompt: list[int], *, eos_ids: Sequence[int], pad_id: int,
                     temperature: float, max_tokens: int, seed: int, schema: dict | None = None,
                     constraint: SchemaConstraint | None = None, thinking: bool | None = None,
-                    thinking_tokens: int = 1024) -> tuple[str, int, int]:
+                    thinking_tokens: int = 1024, stage: str = "") -> tuple[str, int, int]:
     """(answer text, prompt tokens, generated tokens) for one prompt. With a ``constraint``
     and a ``schema`` the answer decodes under the schema; with ``thinking`` and a model
     that has a ``</think>`` token, a free reasoning phase (at most ``thinking_tokens``)
@@ -337,7 +366,7 @@ def generate_answer(lm: Any, tokenizer: Any, prompt: list[int], *, eos_ids: Sequ
         if not reasoning or reasoning[-1] != stop:
             ids += [stop]  # out of thinking budget (or an early end): close the reasoning
         ids += tokenizer.encode("\n\n", add_special_tokens=False)
-    processor = constraint.processor(schema, max_tokens) if (constraint is not None and schema is not None) else None
+    processor = constraint.processor(schema, max_tokens, stage) if (constraint is not None and schema is not None) else None
     answer = _generate(lm, ids, eos, pad_id, temperature, max_tokens, seed, processor)
     if processor is not None and processor.failed:
         log.warning("constrained decoding left the grammar (%s); the answer is checked as usual", processor.failed)

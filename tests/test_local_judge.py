@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from draco_gym.reward import stages
-from draco_gym.reward.answers import InvalidAnswer, answer_schema, parse_answer
+from draco_gym.reward.answers import InvalidAnswer, answer_schema, check_fused, parse_answer
 from draco_gym.reward.base import finalize_group
 from draco_gym.reward.judge_client import JudgeClient, UsageMeter
 from draco_gym.reward.judges import FunctionJudge, JudgeReply, JudgeUnavailable
@@ -205,6 +205,7 @@ def test_constrained_decoding_makes_a_random_model_answer_in_schema(tiny_model):
     parsed = parse_answer("score_attribute", answer(True))  # raises InvalidAnswer if not schema-valid
     assert [v.criterion for v in parsed.verdicts] == titles
     assert all(1 <= s <= 3 for v in parsed.verdicts for s in v.steps)
+    check_fused(parsed, titles, 3)  # every PASS or FAIL cites a step, NOT_APPLICABLE none
     with pytest.raises(InvalidAnswer):
         parse_answer("score_attribute", answer(False, max_tokens=80))
     # a budget that cannot hold the answer's skeleton (the tiny tokenizer spells keys out) says so
