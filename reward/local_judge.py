@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 THINK_END = "</think>"
 
-_TRAJECTORY = re.compile(r"(<trajectory\b[^>]*>\n)(.*?)(\n</trajectory>)", re.S)
+_TRAJECTORY = re.compile(r"(<trajectory\b[^>]*>\n)(.*?)(\n</trajectory>)", re.DOTALL)
 
 
 class DoesNotFit(ValueError):
@@ -89,7 +89,8 @@ def fit_messages(messages: list[dict[str, str]], count: Callable[[list[dict[str,
         fitted = [dict(m) for m in messages]
         for index in {i for i, _ in spans}:
             fitted[index]["content"] = _TRAJECTORY.sub(
-                lambda m: m.group(1) + truncate_middle(m.group(2), max(int(len(m.group(2)) * ratio), 1)) + m.group(3),
+                lambda m, ratio=ratio: m.group(1) + truncate_middle(m.group(2), max(int(len(m.group(2)) * ratio), 1))
+                + m.group(3),
                 messages[index]["content"])
         total = count(fitted)
         if total <= limit:
@@ -106,7 +107,7 @@ def fit_messages(messages: list[dict[str, str]], count: Callable[[list[dict[str,
 
 def _require_llguidance():
     try:
-        import llguidance  # noqa: F401
+        import llguidance
         import llguidance.hf  # noqa: F401
     except ImportError as exc:
         raise ImportError("constrained decoding needs llguidance: pip install 'draco-gym[rllib]' (or "
