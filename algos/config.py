@@ -91,6 +91,20 @@ class NamedSection(_Section):
     options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the component")
 
 
+class PolicyJudgeOptions(_Section):
+    """``reward.options.judge: {name: policy, ...}``: the self-judge (the policy judges its own
+    rollouts, ``draco_gym.algos.policy_judge``). The paper's cheap variant is ``thinking: off``
+    with ``score_samples: 1`` beside it in ``reward.options``."""
+
+    name: Literal["policy"] = "policy"
+    thinking: bool = Field(True, description="the paper's thinking switch (on|off), passed to the chat template as "
+                                             "enable_thinking (Qwen3); templates without it ignore it")
+    thinking_tokens: int = Field(1024, ge=1, description="most tokens of reasoning before the answer (thinking on)")
+    constrained: bool = Field(True, description="decode each answer under the stage's JSON schema (llguidance)")
+    max_prompt_tokens: int = Field(6144, ge=256, description="prompt budget; over it the rollouts are shortened in "
+                                                             "their middle, never the rules, task or rubric")
+
+
 class RewardSection(NamedSection):
     name: str | Callable[..., Any] = Field("rule", description="a name in draco_gym.reward.REWARDS; from Python also "
                                                                "a factory called with the options")
@@ -108,6 +122,14 @@ class RewardSection(NamedSection):
     @classmethod
     def _no_secrets(cls, value):
         reject_literal_secrets(value, "reward.options")
+        judge = value.get("judge")
+        if judge == "policy" or (isinstance(judge, dict) and judge.get("name") == "policy"):
+            options = {} if judge == "policy" else judge
+            try:
+                value = {**value, "judge": PolicyJudgeOptions.model_validate(options).model_dump()}
+            except ValidationError as exc:
+                raise ValueError("; ".join(f"judge.{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                                           for e in exc.errors())) from None
         return value
 
 

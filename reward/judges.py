@@ -266,9 +266,15 @@ class TransformersJudge:
     """A local Hugging Face causal LM as the judge (for the self-judge, or a judge without a
     server). torch and transformers load when one is built, never at import.
 
-    No constrained decoding: the schema is not enforced while generating, so every answer
-    relies on the client's validation and repair, and a model too weak to follow the format
-    ends in explicit fallbacks rather than in a reward.
+    ``constrained=True`` (default) decodes every answer under the stage's JSON schema
+    (llguidance, see ``local_judge.py``): even a 135M model answers in the right shape on
+    the first attempt. ``constrained=False`` generates freely and relies on the client's
+    validation and repair.
+
+    A prompt over ``max_prompt_tokens`` is fitted by shortening its rollouts in the middle;
+    the stage rules, task and rubric are never cut. ``thinking`` (None: the template's
+    default) reaches the chat template as ``enable_thinking``; with thinking on, the
+    reasoning (at most ``thinking_tokens``) is generated unconstrained before the answer.
 
     Generation runs in a worker thread (``asyncio.to_thread``) behind a lock: one model
     generates one answer at a time, while the event loop keeps serving other judges.
@@ -276,6 +282,11 @@ class TransformersJudge:
     When the model's weights change during a run (the policy as self-judge), set
     ``revision`` (e.g. to the training step): it is part of the cache key, so a cached verdict
     of an older policy is never reused.
+
+    The default local judge, SmolLM2-135M-Instruct constrained::
+
+        from draco_gym.algos.models import resolve_model
+        judge = TransformersJudge(str(resolve_model("smollm2-135m-instruct")))
     """
 
     def __init__(
@@ -289,10 +300,17 @@ class TransformersJudge:
         dtype: str | None = None,
         max_prompt_tokens: int = 8192,
         local_files_only: bool = True,
+        constrained: bool = True,
+        thinking: bool | None = None,
+        thinking_tokens: int = 1024,
     ) -> None:
         import torch  # noqa: F401 - fail here, with a clear error, if the extra is missing
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        if max_prompt_tokens < 16:
+            raise ValueError(f"max_prompt_tokens must be >= 16, got {max_prompt_tokens}")
+        if thinking_tokens < 1:
+            raise ValueError(f"thinking_tokens must be >= 1, got {thinking_tokens}")
         if isinstance(model, str):
             path = model
             kwargs = {"local_files_only": local_files_only}
@@ -303,48 +321,60 @@ class TransformersJudge:
             name = name or path
         if tokenizer is None:
             raise ValueError("pass the tokenizer along with a model object")
-        if max_prompt_tokens < 16:
-            raise ValueError(f"max_prompt_tokens must be >= 16, got {max_prompt_tokens}")
+        from draco_gym.reward.local_judge import turn_end_ids
+
         self.lm = model.to(device).eval()
         self.tokenizer = tokenizer
         self.device = device
         self.max_prompt_tokens = max_prompt_tokens
         self.model = name or str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
         self.revision = revision
+        self.constrained = constrained
+        self.thinking = thinking
+        self.thinking_tokens = thinking_tokens
+        self.eos_ids = turn_end_ids(tokenizer, getattr(model, "generation_config", None))
+        self._constraint = None
         self._lock = threading.Lock()
 
     @property
     def identity(self) -> dict[str, Any]:
-        return {"kind": "transformers", "model": self.model, "revision": self.revision}
+        return {"kind": "transformers", "model": self.model, "revision": self.revision,
+                "constrained": self.constrained, "thinking": self.thinking}
 
     def _prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        tok = self.tokenizer
-        if getattr(tok, "chat_template", None):
-            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-        else:
-            text = "".join(f"{m['role']}:\n{m['content']}\n\n" for m in messages) + "assistant:\n"
-            ids = tok(text)["input_ids"]
-        # keep the end: the question and the answer format come last
-        return list(ids)[-self.max_prompt_tokens :]
+        from draco_gym.reward.local_judge import chat_ids, fit_messages
 
-    def _generate(self, messages: list[dict[str, str]], temperature: float, max_tokens: int, sample: int) -> JudgeReply:
-        import torch
+        def count(ms):
+            return len(chat_ids(self.tokenizer, ms, self.thinking))
 
-        ids = self._prompt_ids(messages)
+        return chat_ids(self.tokenizer, fit_messages(messages, count, self.max_prompt_tokens), self.thinking)
+
+    def constraint(self):
+        """The schema constraint for this model's tokenizer, built on first use."""
+        from draco_gym.reward.local_judge import SchemaConstraint
+
+        if self._constraint is None:
+            vocab = self.lm.get_output_embeddings().weight.shape[0]
+            self._constraint = SchemaConstraint(self.tokenizer, vocab, self.eos_ids)
+        return self._constraint
+
+    def _generate(self, messages: list[dict[str, str]], schema: dict | None, schema_name: str, temperature: float,
+                  max_tokens: int, sample: int) -> JudgeReply:
+        from draco_gym.reward.local_judge import DoesNotFit, generate_answer
+
         tok = self.tokenizer
-        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        inputs = torch.tensor([ids], device=self.device)
-        sampling = temperature > 0
-        options: dict[str, Any] = {"max_new_tokens": max_tokens, "do_sample": sampling, "pad_token_id": pad}
-        if sampling:
-            options["temperature"] = temperature
-        with self._lock, torch.no_grad():
-            if sampling:
-                torch.manual_seed(sample)
-            out = self.lm.generate(inputs, attention_mask=torch.ones_like(inputs), **options)
-        new = out[0, len(ids) :].tolist()
-        return JudgeReply(tok.decode(new, skip_special_tokens=True), len(ids), len(new))
+        pad = tok.pad_token_id if tok.pad_token_id is not None else self.eos_ids[0]
+        try:
+            ids = self._prompt_ids(messages)
+            with self._lock:
+                text, n_in, n_out = generate_answer(
+                    self.lm, tok, ids, eos_ids=self.eos_ids, pad_id=pad, temperature=temperature,
+                    max_tokens=max_tokens, seed=sample, schema=schema,
+                    constraint=self.constraint() if self.constrained else None, thinking=self.thinking,
+                    thinking_tokens=self.thinking_tokens, stage=schema_name)
+        except DoesNotFit as exc:
+            raise JudgeUnavailable(str(exc)) from None
+        return JudgeReply(text, n_in, n_out)
 
     async def complete(
         self,
@@ -356,7 +386,7 @@ class TransformersJudge:
         max_tokens: int = 1024,
         sample: int = 0,
     ) -> JudgeReply:
-        return await asyncio.to_thread(self._generate, messages, temperature, max_tokens, sample)
+        return await asyncio.to_thread(self._generate, messages, schema, schema_name, temperature, max_tokens, sample)
 
 
 class FunctionJudge:

@@ -127,9 +127,14 @@ async def score(client: JudgeClient, meter: UsageMeter, task: str, criteria: lis
 
 
 async def attribute(client: JudgeClient, meter: UsageMeter, task: str, criteria: list[Criterion], rollout: str,
-                    n_steps: int, scored: list[Verdict]) -> list[Verdict]:
+                    n_steps: int, scored: list[Verdict], *, unanimous: bool = False) -> list[Verdict]:
     """Stage 5: the final verdict on each criterion (confirming or overruling stage 4) and
-    the steps causally responsible for it."""
+    the steps causally responsible for it.
+
+    ``unanimous``: ``scored`` combines k > 1 samples that had to agree on every PASS (the
+    self-judge). One attribution call must not undo that: it cannot turn a FAIL or a
+    NOT_APPLICABLE into a PASS (the scored verdict stands, with its own citations); it may
+    still cite steps and turn a PASS into a FAIL."""
     titles = [c.title for c in criteria]
     messages = stage_messages("attribute", **_verdict_inputs(task, criteria, rollout, n_steps),
                               verdicts=verdicts_json(scored))
@@ -139,6 +144,10 @@ async def attribute(client: JudgeClient, meter: UsageMeter, task: str, criteria:
     final = []
     for verdict, item in zip(scored, items, strict=True):
         value = VERDICT_SCORES[item.verdict]
+        if unanimous and value == 1 and verdict.score != 1:
+            final.append(verdict.model_copy(update={
+                "justification": verdict.justification + " [attribution's PASS not taken: the samples did not all pass]"}))
+            continue
         note = "" if value == verdict.score else f" [attribution overruled: {item.reason.strip()}]"
         final.append(Verdict(criterion=verdict.criterion, score=value, cited_steps=item.steps if value != 0 else [],
                              evidence=verdict.evidence, justification=verdict.justification + note))
@@ -155,22 +164,29 @@ async def score_attribute(client: JudgeClient, meter: UsageMeter, task: str, cri
                       lambda text: check_fused(parse_answer("score_attribute", text), titles, n_steps), sample)
 
 
-def combine_samples(samples: Sequence[Sequence[Verdict]]) -> list[Verdict]:
+def combine_samples(samples: Sequence[Sequence[Verdict] | None]) -> list[Verdict]:
     """k verdict lists over the same criteria -> one list: pass only if all k pass.
 
-    Any FAIL, or a PASS/NOT_APPLICABLE disagreement, is a FAIL (torn between -1 and 0,
-    choose -1); all NOT_APPLICABLE stays 0. Citations and evidence come from the samples
-    that agree with the combined verdict.
+    A failed sample (None: the judge gave no usable answer) counts as not passing: with one,
+    no criterion passes. Any FAIL, or a PASS/NOT_APPLICABLE disagreement, or a PASS beside a
+    failed sample, is a FAIL (torn between -1 and 0, choose -1); NOT_APPLICABLE in every
+    answered sample stays 0. Citations and evidence come from the samples that agree with
+    the combined verdict. At least one sample must have an answer.
     """
+    answered = [s for s in samples if s is not None]
+    if not answered:
+        raise ValueError("combine_samples needs at least one answered sample")
+    failed = len(samples) - len(answered)
     combined = []
-    for per_criterion in zip(*samples, strict=True):
+    for per_criterion in zip(*answered, strict=True):
         scores = {v.score for v in per_criterion}
-        value = 1 if scores == {1} else 0 if scores == {0} else -1
+        value = 0 if scores == {0} else 1 if scores == {1} and not failed else -1
         agreeing = [v for v in per_criterion if v.score == value] or list(per_criterion)
         steps = sorted({s for v in agreeing for s in v.cited_steps}) if value != 0 else []
         first = agreeing[0]
-        note = "" if len(per_criterion) == 1 else \
-            f" [{sum(v.score == 1 for v in per_criterion)}/{len(per_criterion)} samples passed]"
+        note = "" if len(samples) == 1 else \
+            f" [{sum(v.score == 1 for v in per_criterion)}/{len(samples)} samples passed" + \
+            (f", {failed} failed" if failed else "") + "]"
         combined.append(Verdict(criterion=first.criterion, score=value, cited_steps=steps, evidence=first.evidence,
                                 justification=first.justification + note))
     return combined
@@ -180,11 +196,13 @@ async def final_verdicts(client: JudgeClient, meter: UsageMeter, fallbacks: list
                          criteria: list[Criterion], trajectories: Sequence[Trajectory], *, view: View,
                          mode: JudgingMode = "separate", samples: int = 1) -> list[list[Verdict]] | None:
     """Stages 4-5 for a group, each rollout on its own chain (none waits for the group's
-    slowest score). ``samples`` = k > 1 scores k times and keeps a PASS only if all k pass.
+    slowest score). ``samples`` = k > 1 scores k times and keeps a PASS only if all k pass;
+    the attribution afterwards cannot turn a combined FAIL or NOT_APPLICABLE into a PASS.
 
-    Fallbacks, recorded in ``fallbacks``: a failed sample is left out of the combination;
-    a rollout with no sample left makes the group unscorable (None); a failed attribution
-    keeps the stage-4 verdicts uncited (that rollout's credit falls back to uniform).
+    Fallbacks, recorded in ``fallbacks``: a failed sample counts as not passing (no
+    criterion of that rollout passes); a rollout with no sample answered makes the group
+    unscorable (None); a failed attribution keeps the stage-4 verdicts uncited (that
+    rollout's credit falls back to uniform).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -200,19 +218,19 @@ async def final_verdicts(client: JudgeClient, meter: UsageMeter, fallbacks: list
                 return exc
 
         results = await asyncio.gather(*(sample(k) for k in range(samples)))
-        good = [r for r in results if not isinstance(r, StageFailed)]
+        answered = any(not isinstance(r, StageFailed) for r in results)
         for k, r in enumerate(results):
             if isinstance(r, StageFailed):
                 what = f"sample {k + 1} of {samples}" if samples > 1 else "call"
-                action = "combined the other samples" if good else "trajectory unscored"
+                action = "counted as not passing" if answered else "trajectory unscored"
                 fallbacks.append(f"{stage.__name__}[{index + 1}]: {what} failed ({r.reason}); {action}")
-        if not good:
+        if not answered:
             return None
-        verdicts = combine_samples(good)
+        verdicts = combine_samples([None if isinstance(r, StageFailed) else r for r in results])
         if mode == "fused":
             return verdicts
         try:
-            return await attribute(client, meter, task, criteria, rollout, n_steps, verdicts)
+            return await attribute(client, meter, task, criteria, rollout, n_steps, verdicts, unanimous=samples > 1)
         except StageFailed as exc:
             fallbacks.append(f"attribute[{index + 1}]: {exc.reason}; kept the stage-4 verdicts without step citations")
             return verdicts

@@ -52,20 +52,22 @@ def model_dir(tmp_path_factory):
 def test_transformers_judge_returns_text_and_token_counts(model_dir):
     import asyncio
 
-    judge = build_judge("transformers", model=model_dir, max_prompt_tokens=64)
-    messages = [{"role": "system", "content": "Stage score: judge."}, {"role": "user", "content": "x " * 200}]
+    judge = build_judge("transformers", model=model_dir, max_prompt_tokens=128)
+    rollout = "<trajectory steps=\"1\">\n" + "x " * 200 + "\n</trajectory>"
+    messages = [{"role": "system", "content": "Stage score: judge."}, {"role": "user", "content": rollout}]
     reply = asyncio.run(judge.complete(messages, schema=None, schema_name="score", temperature=0.0, max_tokens=8, sample=0))
     assert isinstance(reply, JudgeReply) and isinstance(reply.text, str)
-    assert reply.prompt_tokens == 64  # left-truncated to the budget
+    assert 64 < reply.prompt_tokens <= 128  # the rollout's middle shortened to the budget
     assert 1 <= reply.completion_tokens <= 8
     again = asyncio.run(judge.complete(messages, schema=None, schema_name="score", temperature=0.0, max_tokens=8, sample=0))
     assert again == reply  # greedy decoding is deterministic
-    assert judge.identity == {"kind": "transformers", "model": model_dir, "revision": None}
+    assert judge.identity == {"kind": "transformers", "model": model_dir, "revision": None, "constrained": True,
+                              "thinking": None}
 
 
 def test_a_weak_local_judge_ends_in_explicit_fallbacks(model_dir):
-    """A random model cannot write the JSON; every stage must fall back, visibly."""
-    judge = build_judge("transformers", model=model_dir, max_prompt_tokens=256)
+    """A random model decoding freely cannot write the JSON; every stage must fall back, visibly."""
+    judge = build_judge("transformers", model=model_dir, constrained=False)
     reward = DynamicRubricReward(judge, max_tokens=12, max_repairs=0, retries=0)
     result = reward.score_group(TASK, group()[:2])
     assert result.rewards == [0.0, 0.0]
