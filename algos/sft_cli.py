@@ -23,9 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="YAML run config (the one you will train with)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     parser.add_argument("--out", help="where the warm-started model goes (default: OUTPUT_DIR/warm_start)")
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=3e-4)
-    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--epochs", type=int, help="default: the config's warm_start.epochs, or 3 where that is 0")
+    parser.add_argument("--lr", type=float, help="default: the config's warm_start.lr")
+    parser.add_argument("--batch-size", type=int, help="default: the config's warm_start.batch_size")
     parser.add_argument("--max-tasks", type=int, help="use only the first N train tasks")
 
 
@@ -56,10 +56,13 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.epochs < 1 or args.lr <= 0 or args.batch_size < 1:
+    given = {"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size}
+    settings = config.warm_start.model_copy(update={k: v for k, v in given.items() if v is not None})
+    if args.epochs is None and settings.epochs == 0:
+        settings = settings.model_copy(update={"epochs": 3})
+    if settings.epochs < 1 or settings.lr <= 0 or settings.batch_size < 1:
         print("error: --epochs and --batch-size must be >= 1 and --lr > 0", file=sys.stderr)
         return 2
-    settings = config.warm_start.model_copy(update={"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size})
     try:
         out = warm_start_from_config(config, settings, out=args.out, max_tasks=args.max_tasks, reuse=False)
     except ValueError as exc:
