@@ -417,6 +417,9 @@ class OpenAIJudge:
                 if adaptations < 5 and self._adapt_to(text, request):
                     adaptations += 1
                     continue
+                if request["_format"] != "none" and any(word in text.lower() for word in _FORMAT_WORDS):
+                    raise JudgeUnavailable(f"the server refuses structured_output={request['_format']!r} "
+                                           f"(forced, or the last rung): {_short(exc)}") from None
                 if exc.status_code in (408, 409, 429) or exc.status_code >= 500:
                     if retries < self.max_retries:
                         retries += 1

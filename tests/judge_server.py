@@ -269,6 +269,7 @@ class JudgeServer:
         dialect: str | None = None,
         slots: int | None = None,
         token_s: float = 0.0,
+        models_endpoint: bool = True,
     ) -> None:
         if dialect is not None and dialect not in DIALECTS:
             raise ValueError(f"unknown dialect {dialect!r}; known: {DIALECTS}")
@@ -283,6 +284,7 @@ class JudgeServer:
         self.dialect = dialect
         self.slots = 1 if dialect == "llama_cpp_python" else slots
         self.token_s = token_s
+        self.models_endpoint = models_endpoint  # False: the probe learns nothing, only refusals teach
         self._slot = threading.Semaphore(self.slots) if self.slots else None
         self._waiting = 0  # requests queued for a slot
         self._open = 0  # requests received and not yet answered
@@ -321,7 +323,7 @@ class JudgeServer:
                 server.probes.append(path)
                 if path == "/stats":  # counts, for a server running in another process
                     return server._send(self, 200, server.stats())
-                if path == "/v1/models" and server.dialect:
+                if path == "/v1/models" and server.dialect and server.models_endpoint:
                     return server._send(self, 200, {"object": "list", "data": [
                         {"id": server.model, "object": "model", "owned_by": OWNED_BY[server.dialect]}]})
                 if path == "/props" and server.dialect == "llama_server":
@@ -402,15 +404,6 @@ class JudgeServer:
             self.requests.append(record)
             return record
 
-    def overlapping(self) -> int:
-        """The most answers the server was computing at the same time."""
-        events = sorted([(r.start, 1) for r in self.requests if r.start] + [(r.end, -1) for r in self.requests if r.start])
-        most = now = 0
-        for _, step in events:
-            now += step
-            most = max(most, now)
-        return most
-
     def _send(self, handler: BaseHTTPRequestHandler, status: int, payload: dict, headers: dict | None = None) -> None:
         body = json.dumps(payload).encode()
         try:
@@ -455,11 +448,6 @@ class JudgeServer:
                 return self._send(handler, 400, self._error(
                     f"Unsupported parameter: '{param}' is not supported with this model.", "invalid_request_error"))
         response_format = body.get("response_format") or {}
-        if self.dialect is not None:
-            refusal = format_refusal(self.dialect, response_format)
-            if refusal is not None:
-                self._record(JudgeRequest(body, None, None), None, refusal[0])
-                return self._send(handler, *refusal)
         schema, stage = None, None
         if response_format.get("type") == "json_schema":
             if not self.json_schema:
@@ -476,6 +464,11 @@ class JudgeServer:
                     stage = found.group(1)
                     break
         request = JudgeRequest(body=body, stage=stage, schema=schema)
+        if self.dialect is not None:
+            refusal = format_refusal(self.dialect, response_format)
+            if refusal is not None:
+                self._record(request, None, refusal[0])
+                return self._send(handler, *refusal)
         if self._slot is None:
             return self._answer(handler, request)
         with self._lock:
