@@ -21,8 +21,8 @@ A non-streamed answer is computed to its end whatever the client does.
 Faults are queued with ``inject(kind, stage=..., marker=..., times=...)``, or spread
 evenly over ``fault_rate`` of all calls with the kind drawn at random (seeded). Every
 request is recorded (``requests``) with the stage it was for and the fault it got. The
-stage is read from the response_format's schema name or, when the client sends no schema,
-from the judge prompt's "Stage <name>:" line.
+stage is read from the response_format's schema name or, when the client sends none, from
+the judge prompt's last "Stage <name>:" line.
 
     with JudgeServer(ScriptedJudge({...}), latency_s=0.05) as server:
         judge = OpenAIJudge("test-judge", base_url=server.base_url, api_key="sk-test")
@@ -124,12 +124,15 @@ def format_refusal(dialect: str, response_format: dict) -> tuple[int, dict] | No
     None when it takes it."""
     kind = response_format.get("type", "text")
     if dialect == "llama_cpp_python":
-        # llama-cpp-python 0.3.x: ResponseFormat.type is Literal["text", "json_object"]; its
+        # llama-cpp-python 0.3.36: ResponseFormat.type is Literal["text", "json_object"]; its
         # route handler turns the request's validation error into a 500 internal_server_error
+        # (the body below is the real server's, the path shortened)
         if kind not in ("text", "json_object"):
-            message = ("1 validation error for CreateChatCompletionRequest\nresponse_format.type\n"
-                       f"  Input should be 'text' or 'json_object' [type=literal_error, input_value='{kind}', "
-                       "input_type=str]")
+            message = ("1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
+                       "'msg': \"Input should be 'text' or 'json_object'\", "
+                       f"'input': '{kind}', 'ctx': {{'expected': \"'text' or 'json_object'\"}}}}\n\n"
+                       '  File ".../llama_cpp/server/app.py", line 376, in create_chat_completion\n'
+                       "    POST /v1/chat/completions")
             return 500, {"error": {"message": message, "type": "internal_server_error", "param": None, "code": None}}
     elif dialect == "llama_server":
         # llama.cpp's C++ server before json_schema support
@@ -457,12 +460,9 @@ class JudgeServer:
             schema, stage = spec.get("schema"), spec.get("name")
         elif response_format.get("type") == "json_object":
             schema = response_format.get("schema")  # llama.cpp's grammar-constrained json_object
-        if stage is None:
-            for message in sorted(body.get("messages", [])[:2], key=lambda m: m.get("role") != "system"):
-                found = _STAGE_LINE.search(message.get("content") or "")
-                if found:
-                    stage = found.group(1)
-                    break
+        if stage is None:  # the prompt's last "Stage <name>:" line: data before it may quote one
+            found = _STAGE_LINE.findall("\n".join(m.get("content") or "" for m in body.get("messages", [])[:2]))
+            stage = found[-1] if found else None
         request = JudgeRequest(body=body, stage=stage, schema=schema)
         if self.dialect is not None:
             refusal = format_refusal(self.dialect, response_format)
