@@ -154,3 +154,39 @@ def test_a_streamed_request_given_up_on_stops_the_server_before_it_is_resent():
     assert any(len(c) > 1 for c in copies.values())
     for same in copies.values():  # no request is computed twice at once
         assert all(a.end <= b.start for a, b in zip(same, same[1:]))
+
+
+def _prompt(record) -> str:
+    return "\n".join(m["content"] for m in record.messages)
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return a[:n]
+
+
+@pytest.mark.parametrize("mode", ["separate", "fused"])
+def test_a_rollouts_calls_share_the_rules_task_and_rollout_as_prefix(mode):
+    """What repeats comes first: every call of a rollout (augment, score, attribute or the
+    fused score_attribute) starts with the same judge rules, task and rollout, which a
+    server's prompt cache then reuses; the stage's own text comes after."""
+    from draco_gym.bench.judge_pipeline import prefix_share
+
+    with JudgeServer(ScriptedJudge(script(mode))) as server:
+        result = make_reward(server, mode).score_group(TASK, group())
+    assert result.fallbacks == []
+    stages = ("augment", "score", "attribute") if mode == "separate" else ("augment", "score_attribute")
+    for marker in ("ROLL-A", "ROLL-B", "ROLL-C"):
+        calls = [_prompt(r) for r in server.requests if r.stage in stages and marker in r.messages[1]["content"]
+                 and r.stage != "merge"]
+        assert len(calls) == len(stages)
+        shared = calls[0]
+        for other in calls[1:]:
+            shared = _common_prefix(shared, other)
+        assert TASK.instruction in shared and marker in shared and shared.rstrip().endswith("</trajectory>")
+    share, _ = prefix_share([r.messages for r in server.requests], lambda m: list(json.dumps(m)))
+    assert share >= 0.5, share
