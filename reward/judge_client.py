@@ -36,7 +36,7 @@ from aiolimiter import AsyncLimiter
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from draco_gym.reward.answers import InvalidAnswer
-from draco_gym.reward.judges import Judge, JudgeReply, JudgeTimedOut, JudgeUnavailable, as_judge
+from draco_gym.reward.judges import FormatRefused, Judge, JudgeReply, JudgeTimedOut, JudgeUnavailable, as_judge
 from draco_gym.types import StageUsage
 
 log = logging.getLogger(__name__)
@@ -348,6 +348,8 @@ class JudgeClient:
                 raise StageFailed(stage, f"no answer within {settings.deadline_s:g} s; not re-sent, since the judge "
                                          "may still be computing it") from None
             raise StageFailed(stage, f"no answer within {settings.deadline_s:g} s ({settings.retries + 1} attempts)") from None
+        except FormatRefused as exc:
+            raise StageFailed(stage, str(exc)) from None
         except JudgeTimedOut as exc:
             if exc.may_still_run:
                 raise StageFailed(stage, f"judge timed out ({exc}); not re-sent, since the server may still be "
@@ -364,6 +366,8 @@ class JudgeClient:
         """Retry what failed without leaving work behind on the judge's side."""
         if isinstance(exc, JudgeTimedOut):
             return not exc.may_still_run
+        if isinstance(exc, FormatRefused):
+            return False
         if isinstance(exc, asyncio.TimeoutError):  # this client's deadline cancelled the call
             return bool(getattr(self.judge, "cancel_stops_work", True))
         return isinstance(exc, JudgeUnavailable)

@@ -153,6 +153,11 @@ def _strict_ready(schema: Any) -> bool:
     return True
 
 
+class FormatRefused(JudgeUnavailable):
+    """The server refuses the structured-output form, and no other form is left to try (it
+    was forced, or plain text was refused too): sending the same request again cannot help."""
+
+
 class JudgeTimedOut(JudgeUnavailable):
     """The judge did not answer in time. ``may_still_run``: the server may still be computing
     the answer (it was not streamed, so closing the connection did not stop it); re-sending
@@ -418,7 +423,7 @@ class OpenAIJudge:
                     adaptations += 1
                     continue
                 if request["_format"] != "none" and any(word in text.lower() for word in _FORMAT_WORDS):
-                    raise JudgeUnavailable(f"the server refuses structured_output={request['_format']!r} "
+                    raise FormatRefused(f"the server refuses structured_output={request['_format']!r} "
                                            f"(forced, or the last rung): {_short(exc)}") from None
                 if exc.status_code in (408, 409, 429) or exc.status_code >= 500:
                     if retries < self.max_retries:

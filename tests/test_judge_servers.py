@@ -117,10 +117,10 @@ def test_a_forced_form_is_sent_as_is_and_never_stepped_down():
 
     with JudgeServer(ScriptedJudge(script()), dialect="llama_cpp_python") as server:
         result = make_reward(server, judge_options={"structured_output": "json_schema"},
-                             retries=0).score_group(TASK, group())
+                             retries=2).score_group(TASK, group())
     assert result.fallbacks[0].startswith("propose: ") and "refuses structured_output='json_schema'" in result.fallbacks[0]
     assert sent_forms(server) == {"json_schema"}  # forced: refused, but never stepped down
-    assert server.calls("propose", status=None) == 1  # and a refusal is not retried
+    assert server.calls("propose", status=None) == 1  # and a refusal is not retried by any layer
     assert server_profile(server.base_url).format == "json_object_schema"  # the probe still knows better
 
 
