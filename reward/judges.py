@@ -17,9 +17,12 @@ dozen lines long::
 judge that cannot may ignore it, every answer is validated anyway), ``sample`` numbers
 repeated samplings of the same request (the self-judge scores k times).
 
-Transport retries belong to the judge, where the transport's own knowledge lives: the
-OpenAI client already retries 408/409/429/5xx and timeouts with backoff and honours
-``Retry-After``, so ``OpenAIJudge`` uses it rather than a second retry layer.
+Transport retries belong to the judge, where the transport's own knowledge lives:
+``OpenAIJudge`` retries what the server never started computing (429 with ``Retry-After``,
+502-504, a refused connection) and plain 500s, but never a request that timed out, which
+the server may still be computing (the openai client's own retries, which would re-send it,
+are off). A judge tells the client, with ``cancel_stops_work``, whether giving up on a call
+also stops its work, and with ``server_slots()`` how many calls it serves at once.
 
 Built in: ``OpenAIJudge`` (any OpenAI-compatible endpoint, registered as "openai"),
 ``TransformersJudge`` (a local HF causal LM, "transformers"; torch loads only when one is
