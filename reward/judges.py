@@ -156,6 +156,20 @@ def _strict_ready(schema: Any) -> bool:
     return True
 
 
+def _bounded_strings(schema: Any, max_chars: int = 300) -> Any:
+    """The schema with every string capped (``maxLength``, which llama.cpp's grammar
+    enforces): a small model that rambles inside a string would otherwise run into
+    max_tokens and leave its JSON unterminated."""
+    if isinstance(schema, dict):
+        out = {k: _bounded_strings(v, max_chars) for k, v in schema.items()}
+        if out.get("type") == "string" and "enum" not in out:
+            out.setdefault("maxLength", max_chars)
+        return out
+    if isinstance(schema, list):
+        return [_bounded_strings(v, max_chars) for v in schema]
+    return schema
+
+
 class FormatRefused(JudgeUnavailable):
     """The server refuses the structured-output form, and no other form is left to try (it
     was forced, or plain text was refused too): sending the same request again cannot help."""
@@ -379,7 +393,7 @@ class OpenAIJudge:
         if form == "json_object":
             return {"type": "json_object"}
         if form == "json_object_schema":
-            return {"type": "json_object", "schema": schema}
+            return {"type": "json_object", "schema": _bounded_strings(schema)}
         strict = server_profile(self.base_url) is not None and server_profile(self.base_url).family == "openai" \
             and _strict_ready(schema)
         return {"type": "json_schema", "json_schema": {"name": schema_name, "schema": schema, "strict": strict}}

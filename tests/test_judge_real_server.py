@@ -33,7 +33,7 @@ def llama_server():
 
 
 @pytest.mark.timeout(3600)
-@pytest.mark.parametrize("mode", ["separate", "fused"])
+@pytest.mark.parametrize("mode", ["fused", "separate"])
 def test_llama_cpp_server_scores_a_group_without_format_fallbacks(llama_server, mode):
     base_url = llama_server.base_url
     episodes = scripted_episodes()
