@@ -83,6 +83,8 @@ def test_llama_cpp_python_500_naming_the_format_steps_down_and_is_remembered(cap
     assert refused.status == 500 and refused.response_format["type"] == "json_schema"
     assert all(r.response_format == {"type": "json_object", "schema": r.response_format["schema"]}
                for r in server.requests if r.status == 200)
+    # strings are capped, so the grammar ends every answer before max_tokens cuts it off
+    assert all('"maxLength": 300' in json.dumps(r.response_format["schema"]) for r in server.requests if r.status == 200)
     assert all(r.status == 200 for r in server.requests[before:])
     steps = [m for m in caplog.messages if "refused structured output" in m]
     assert len(steps) == 1 and "now sending json_object_schema" in steps[0]
