@@ -141,7 +141,7 @@ def format_refusal(dialect: str, response_format: dict) -> tuple[int, dict] | No
             return 400, {"error": {"code": 400, "message": message, "type": "invalid_request_error"}}
     elif dialect in ("vllm", "sglang"):
         if kind not in ("text", "json_object", "json_schema", "structural_tag"):
-            message = f"1 validation error: response_format.type: Input should be 'text', 'json_object' or 'json_schema'"
+            message = "1 validation error: response_format.type: Input should be 'text', 'json_object' or 'json_schema'"
             return 400, {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400}
     elif dialect == "openai":
         spec = response_format.get("json_schema") or {}

@@ -43,8 +43,9 @@ def test_llama_cpp_server_scores_a_group_without_format_fallbacks(llama_server, 
     result = reward.score_group(episodes[0].task, episodes)
     elapsed = time.perf_counter() - start
     profile = server_profile(base_url)
+    calls = {stage: usage.calls for stage, usage in result.usage.items()}
     print(f"\n{mode}: {elapsed:.0f} s, rewards {result.rewards}, {len(result.criteria)} criteria, "
-          f"fallbacks {result.fallbacks}, usage {dict((k, v.calls) for k, v in result.usage.items())}")
+          f"fallbacks {result.fallbacks}, calls {calls}")
     assert (profile.family, profile.format, profile.slots) == ("llama-cpp-python", "json_object_schema", 1)
     format_fallbacks = [f for f in result.fallbacks if any(e in f for e in FORMAT_ERRORS)]
     assert format_fallbacks == [], format_fallbacks
