@@ -17,8 +17,8 @@ Figures, printed side by side with their goals:
     already sent (the judge's rules, the task, the rollout: what a server's prompt cache
     reuses; SmolLM2's tokenizer and chat template when the model is set up, else characters;
     goal >= 60%), separate and fused
-  - against llama.cpp's server (llama-cpp-python[server] with the SmolLM2 GGUF, prompt cache
-    on; skipped, saying so, without the package): the prompt-processing time of one small
+  - against llama.cpp's server (llama-cpp-python[server] with the SmolLM2 GGUF, which reuses
+    the previous prompt's prefix; skipped, saying so, without the package): the prompt-processing time of one small
     group's requests sent in order, against the same requests each made unique at its start
     so that no prefix can be reused. The last line is the headline.
 
@@ -132,7 +132,7 @@ def prefix_share(requests: list[list[dict]], tokens) -> tuple[float, int]:
 
 
 def llama_prompt_time(requests: list[list[dict]], group_size: int) -> str:
-    """The group's requests against llama.cpp's server with its prompt cache, in order, once
+    """The group's requests against llama.cpp's server (it keeps the previous prompt's KV), in order, once
     as the judge sends them and once each made unique at its start (a nonce before the
     system text: nothing to reuse); max_tokens=1, so the time is prompt processing. Returns
     the headline, or why it was not measured."""

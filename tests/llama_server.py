@@ -4,8 +4,13 @@ serving the shipped SmolLM2-135M GGUF on 127.0.0.1, for the real-server test and
     with LlamaServer() as server:          # raises LlamaServerMissing without the package
         judge = OpenAIJudge("smollm2", base_url=server.base_url, api_key="sk-local")
 
-``--cache true`` keeps evaluated prompts in RAM and reuses the longest cached prefix of each
-new prompt (llama-cpp-python's LlamaRAMCache), which is what the judge's prompt order is for.
+The server reuses, by itself, the part of each new prompt that matches the previous one (its
+KV cache holds the last prompt: "prefix-match hit" in its log), which is what the judge's
+prompt order and one-request-at-a-time are for. ``cache=True`` adds ``--cache true``
+(llama-cpp-python's RAM cache of whole states, ~90 MB each at n_ctx 8192, 2 GB nominal). A
+run with it here ended after 17 calls when the kernel's OOM killer took a python process of
+14.6 GB resident on this shared 24 GB machine, at the moment the server died (its pid was not
+recorded), so it is off.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ class LlamaServerMissing(RuntimeError):
 
 
 class LlamaServer:
-    def __init__(self, *, n_ctx: int = 8192, cache: bool = True, startup_s: float = 300.0) -> None:
+    def __init__(self, *, n_ctx: int = 8192, cache: bool = False, startup_s: float = 300.0) -> None:
         self.n_ctx, self.cache, self.startup_s = n_ctx, cache, startup_s
         self.base_url = ""
         self.log: Path | None = None
