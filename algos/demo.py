@@ -49,16 +49,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--credit", default="draco", help="credit rule (draco, uniform, ...)")
 
 
-def run(args: argparse.Namespace) -> int:
+def scripted_episodes(task_id: str = "order-total-1") -> list:
+    """The three scripted agents' episodes on one PythonTools shop task: a group any reward
+    can score without a policy (the demo's, and the real-judge-server test's)."""
     import draco_gym  # noqa: F401 - registers the environments
-    from draco_gym.algos.credit import get_credit_rule, group_advantages
-    from draco_gym.reward import build_reward
 
     env = gym.make("draco_gym/PythonTools-v0").unwrapped
     trajectories = []
     try:
         for name, script in AGENTS.items():
-            env.reset(options={"task_id": args.task})
+            env.reset(options={"task_id": task_id})
             order = env.task.instruction.split("order ")[1].split("?")[0]
             for message in script:
                 _, _, terminated, truncated, info = env.step(message.replace("{order}", order))
@@ -70,7 +70,15 @@ def run(args: argparse.Namespace) -> int:
             trajectories.append(trajectory)
     finally:
         env.close()
+    return trajectories
 
+
+def run(args: argparse.Namespace) -> int:
+    import draco_gym  # noqa: F401 - registers the environments
+    from draco_gym.algos.credit import get_credit_rule, group_advantages
+    from draco_gym.reward import build_reward
+
+    trajectories = scripted_episodes(args.task)
     group = build_reward("rule").score_group(trajectories[0].task, trajectories)
     advantages = group_advantages(group.rewards)
     credit = get_credit_rule(args.credit)(trajectories, group, advantages)

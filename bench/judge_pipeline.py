@@ -13,12 +13,24 @@ Figures, printed side by side with their goals:
   - cache hit rate when the same groups are scored again from the disk cache (goal 100%)
   - wall time and completion rate with 30% of calls faulted (429, 500, malformed JSON,
     missing fields, steps out of range, PASS without citation)
+  - the share of a group's prompt tokens that repeat a prefix some earlier call of the group
+    already sent (the judge's rules, the task, the rollout: what a server's prompt cache
+    reuses; SmolLM2's tokenizer and chat template when the model is set up, else characters;
+    goal >= 60%), separate and fused
+  - against llama.cpp's server (llama-cpp-python[server] with the SmolLM2 GGUF, which reuses
+    the previous prompt's prefix; skipped, saying so, without the package): the prompt-processing time of one small
+    group's requests sent in order, against the same requests each made unique at its start
+    so that no prefix can be reused. The last line is the headline.
+
+    python bench/judge_pipeline.py --llama-group-size 0    # without the llama.cpp run
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import urllib.request
 import sys
 import tempfile
 import time
@@ -27,6 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from judge_server import RuleJudge, ServerProcess  # noqa: E402
+from llama_server import LlamaServer, LlamaServerMissing  # noqa: E402
 
 from draco_gym.reward import DynamicRubricReward, OpenAIJudge  # noqa: E402
 from draco_gym.types import Step, Task, Trajectory  # noqa: E402
@@ -42,12 +55,12 @@ CRITERIA = [
 ROUNDS = {("separate", False): 5, ("separate", True): 4, ("fused", False): 4, ("fused", True): 3}
 
 
-def make_group(task: Task, g: int, n_steps: int = 8) -> list[Trajectory]:
+def make_group(task: Task, g: int, n_steps: int = 8, observation_repeats: int = 40) -> list[Trajectory]:
     out = []
     for i in range(g):
         steps = [
             Step(index=j, text=f"rollout-{i} step {j}\n```python\nprint(search(page={j}))\n```", code=f"print(search(page={j}))",
-                 observation=f"results page {j}: " + "flight, price, seat; " * 40, n_tokens=50)
+                 observation=f"results page {j}: " + "flight, price, seat; " * observation_repeats, n_tokens=50)
             for j in range(1, n_steps + 1)
         ]
         out.append(Trajectory(task=task, steps=steps, termination="no_code"))
@@ -64,9 +77,82 @@ def passes(title: str, text: str) -> bool:
     return (i + k) % 3 != 0
 
 
-def reward_for(server: ServerProcess, mode: str, **options) -> DynamicRubricReward:
+def reward_for(server: ServerProcess, mode: str, record: list | None = None, **options) -> DynamicRubricReward:
     judge = OpenAIJudge("bench-judge", base_url=server.base_url, api_key="sk-bench", max_retries=4)
-    return DynamicRubricReward(judge, mode=mode, max_concurrency=256, **options)
+    return DynamicRubricReward(judge if record is None else Recording(judge, record), mode=mode, max_concurrency=256, **options)
+
+
+class Recording:
+    """A judge that notes every request's messages, in the order they are sent."""
+
+    def __init__(self, judge, sent: list) -> None:
+        self.judge, self.sent = judge, sent
+
+    def __getattr__(self, name):
+        return getattr(self.judge, name)
+
+    async def complete(self, messages, **kwargs):
+        self.sent.append(messages)
+        return await self.judge.complete(messages, **kwargs)
+
+
+def prompt_tokens():
+    """messages -> the prompt as the judge model reads it: SmolLM2's chat template and
+    tokenizer when the model is set up, else characters. Returns (function, unit)."""
+    try:
+        from transformers import AutoTokenizer
+
+        from draco_gym.algos.models import resolve_model
+
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct"), local_files_only=True)
+        return (lambda messages: list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                                    return_dict=False))), "SmolLM2 tokens"
+    except Exception:  # noqa: BLE001 - no model here: characters follow tokens closely enough
+        return (lambda messages: list(json.dumps(messages))), "characters"
+
+
+def prefix_share(requests: list[list[dict]], tokens) -> tuple[float, int]:
+    """Of all prompt tokens a group sends, the share that repeats the start of a prompt sent
+    before it in the group (the longest such prefix per request); and the total."""
+    seen: list[list] = []
+    shared = total = 0
+    for messages in requests:
+        ids = tokens(messages)
+        best = 0
+        for earlier in seen:
+            n = 0
+            for a, b in zip(ids, earlier):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        shared, total = shared + best, total + len(ids)
+        seen.append(ids)
+    return shared / max(total, 1), total
+
+
+def llama_prompt_time(requests: list[list[dict]], group_size: int) -> str:
+    """The group's requests against llama.cpp's server (it keeps the previous prompt's KV), in order, once
+    as the judge sends them and once each made unique at its start (a nonce before the
+    system text: nothing to reuse); max_tokens=1, so the time is prompt processing. Returns
+    the headline, or why it was not measured."""
+    try:
+        with LlamaServer() as server:
+            def send(messages) -> float:
+                body = json.dumps({"messages": messages, "max_tokens": 1, "temperature": 0}).encode()
+                request = urllib.request.Request(server.base_url + "/chat/completions", body,
+                                                 {"Content-Type": "application/json"})
+                start = time.perf_counter()
+                urllib.request.urlopen(request, timeout=3600).read()
+                return time.perf_counter() - start
+
+            cold = sum(send([{**messages[0], "content": f"[request {k}]\n" + messages[0]["content"]}, *messages[1:]])
+                       for k, messages in enumerate(requests))
+            warm = sum(send(messages) for messages in requests)
+    except LlamaServerMissing as exc:
+        return f"llama.cpp prompt-cache saving: not measured ({exc})"
+    return (f"llama.cpp prompt-cache saving, {len(requests)} calls of a G={group_size} separate group: "
+            f"{1 - warm / cold:.0%} of prompt time ({warm:.1f} s in judge order vs {cold:.1f} s with no reusable prefix)")
 
 
 def timed(fn, *args):
@@ -81,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-size", type=int, default=6, help="rollouts per group (G)")
     parser.add_argument("--groups", type=int, default=4, help="groups scored at once / in the fault run")
     parser.add_argument("--fault-rate", type=float, default=0.3)
+    parser.add_argument("--llama-group-size", type=int, default=2,
+                        help="G of the group replayed against llama.cpp's server (0: skip it)")
     args = parser.parse_args(argv)
     L, G = args.latency, args.group_size
     rows: list[tuple[str, str, str]] = []
@@ -113,6 +201,22 @@ def main(argv: list[str] | None = None) -> int:
             cpu = time.process_time() - cpu
             rows.append((f"{mode}: {args.groups} groups at once", f"{many_s:.3f} s = {many_s / (rounds_cold * L):.2f} x ({rounds_cold} rounds x L); "
                          f"client CPU {cpu:.2f} s", "<= 1.2"))
+
+        # prompt prefixes a server can reuse within a group
+        tokens, unit = prompt_tokens()
+        shares = {}
+        for mode in ("separate", "fused"):
+            sent: list = []
+            task = Task(id=f"prefix-{mode}", instruction="Book the cheapest flight from Oslo to Rome and pay with the saved card.")
+            reward_for(server, mode, record=sent).score_group(task, make_group(task, G))
+            shares[mode], total = prefix_share(sent, tokens)
+            rows.append((f"{mode}: prompt {unit} that repeat an earlier prefix", f"{shares[mode]:.0%} of {total:,} "
+                         f"({len(sent)} calls)", ">= 60%"))
+        llama_requests: list = []
+        if args.llama_group_size:
+            task = Task(id="llama", instruction="Book the cheapest flight from Oslo to Rome and pay with the saved card.")
+            reward_for(server, "separate", record=llama_requests).score_group(
+                task, make_group(task, args.llama_group_size, n_steps=3, observation_repeats=10))
 
         # disk cache: a second pass over the same groups pays for nothing
         with tempfile.TemporaryDirectory() as cache:
@@ -158,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     width = max(len(r[0]) for r in rows)
     for name, value, goal in rows:
         print(f"  {name:<{width}}  {value}" + (f"   [goal {goal}]" if goal else ""))
+    saving = llama_prompt_time(llama_requests, args.llama_group_size) if llama_requests else \
+        "llama.cpp prompt-cache saving: not measured (--llama-group-size 0)"
+    print(f"  {saving}")
+    print(f"headline: prompt {unit} that repeat an earlier prefix of the group: separate {shares['separate']:.0%}, "
+          f"fused {shares['fused']:.0%} (goal >= 60%); {saving.split(': ', 1)[1]}")
     return 0
 
 

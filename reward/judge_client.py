@@ -3,9 +3,12 @@
 ``JudgeClient.ask`` sends one request and returns a validated answer. On the way it
   - reads and writes the on-disk cache (key: judge identity, messages, schema, sampling
     parameters; a resumed run pays for nothing it already asked),
-  - waits for a concurrency slot and for the request and token rate limits (aiolimiter),
+  - waits for a concurrency slot (no more than the judge's server serves at once, when the
+    judge can tell: ``server_slots``) and for the request and token rate limits (aiolimiter),
   - bounds the whole call by a deadline and retries a failed call with backoff (tenacity);
-    transport-level retries (429 with Retry-After, 5xx, timeouts) happen inside the judge,
+    transport-level retries (429 with Retry-After, 5xx) happen inside the judge. A call that
+    timed out is retried only when giving up on it stopped the work (the judge's
+    ``cancel_stops_work``): a second copy must not queue behind an abandoned one,
   - validates the answer and, when it is wrong, sends the errors back for a bounded number
     of repairs,
   - books calls, tokens, cost and cache hits to the stage in a ``UsageMeter``.
@@ -30,10 +33,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from aiolimiter import AsyncLimiter
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from draco_gym.reward.answers import InvalidAnswer
-from draco_gym.reward.judges import Judge, JudgeReply, JudgeUnavailable, as_judge
+from draco_gym.reward.judges import FormatRefused, Judge, JudgeReply, JudgeTimedOut, JudgeUnavailable, as_judge
 from draco_gym.types import StageUsage
 
 log = logging.getLogger(__name__)
@@ -200,8 +203,9 @@ class JudgeSettings:
 class _LoopState:
     """asyncio primitives are bound to one event loop; each loop gets its own."""
 
-    def __init__(self, settings: JudgeSettings) -> None:
-        self.slots = asyncio.Semaphore(settings.max_concurrency)
+    def __init__(self, settings: JudgeSettings, server_slots: int | None = None) -> None:
+        self.concurrency = min(settings.max_concurrency, server_slots or settings.max_concurrency)
+        self.slots = asyncio.Semaphore(self.concurrency)
         rpm, tpm = settings.requests_per_minute, settings.tokens_per_minute
         window = settings.rate_window_s
         self.requests = AsyncLimiter(rpm, window) if rpm else None
@@ -222,16 +226,18 @@ class JudgeClient:
         self.prices = price_table(self.settings.prices)
         self.cache = DiskCache(self.settings.cache_dir) if self.settings.cache_dir else None
         self._loops: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._probes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_loops"] = None
+        state["_loops"] = state["_probes"] = None
         state["cache"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._loops = weakref.WeakKeyDictionary()
+        self._probes = weakref.WeakKeyDictionary()
         self.cache = DiskCache(self.settings.cache_dir) if self.settings.cache_dir else None
 
     async def aclose(self) -> None:
@@ -243,12 +249,30 @@ class JudgeClient:
     def model(self) -> str:
         return str(getattr(self.judge, "model", type(self.judge).__name__))
 
-    def _state(self) -> _LoopState:
+    async def _state(self) -> _LoopState:
         loop = asyncio.get_running_loop()
         state = self._loops.get(loop)
-        if state is None:
-            state = self._loops[loop] = _LoopState(self.settings)
+        if state is not None:
+            return state
+        async with self._probes.setdefault(loop, asyncio.Lock()):  # the first caller asks the server
+            state = self._loops.get(loop)
+            if state is None:
+                state = self._loops[loop] = _LoopState(self.settings, await self._server_slots())
         return state
+
+    async def _server_slots(self) -> int | None:
+        ask = getattr(self.judge, "server_slots", None)
+        if ask is None:
+            return None
+        try:
+            slots = await ask()
+        except Exception as exc:  # noqa: BLE001 - an unknown slot count is the configured concurrency
+            log.warning("judge %s did not say how many requests it serves at once: %s", self.model, exc)
+            return None
+        if slots is not None and slots < self.settings.max_concurrency:
+            log.warning("judge %s serves %d request(s) at once; max_concurrency %d lowered to it",
+                        self.model, slots, self.settings.max_concurrency)
+        return slots
 
     async def ask(
         self,
@@ -305,11 +329,11 @@ class JudgeClient:
         self, stage: str, messages: list[dict[str, str]], schema: dict | None, sample: int
     ) -> JudgeReply:
         settings = self.settings
-        state = self._state()
+        state = await self._state()
         retrying = AsyncRetrying(
             stop=stop_after_attempt(settings.retries + 1),
             wait=wait_exponential_jitter(multiplier=settings.retry_wait_s, max=30 * settings.retry_wait_s, jitter=settings.retry_wait_s),
-            retry=retry_if_exception_type((JudgeUnavailable, asyncio.TimeoutError)),
+            retry=retry_if_exception(self._worth_retrying),
             reraise=True,
         )
         try:
@@ -320,13 +344,33 @@ class JudgeClient:
                         return await asyncio.wait_for(self._judge_call(stage, messages, schema, sample),
                                                       timeout=settings.deadline_s)
         except asyncio.TimeoutError:
+            if not self._worth_retrying(asyncio.TimeoutError()):
+                raise StageFailed(stage, f"no answer within {settings.deadline_s:g} s; not re-sent, since the judge "
+                                         "may still be computing it") from None
             raise StageFailed(stage, f"no answer within {settings.deadline_s:g} s ({settings.retries + 1} attempts)") from None
+        except FormatRefused as exc:
+            raise StageFailed(stage, str(exc)) from None
+        except JudgeTimedOut as exc:
+            if exc.may_still_run:
+                raise StageFailed(stage, f"judge timed out ({exc}); not re-sent, since the server may still be "
+                                         "computing it") from None
+            raise StageFailed(stage, f"judge unavailable after {settings.retries + 1} attempts: {exc}") from None
         except JudgeUnavailable as exc:
             raise StageFailed(stage, f"judge unavailable after {settings.retries + 1} attempts: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - a judge's own bug must not end a training run
             log.warning("judge %s raised during %s", self.model, stage, exc_info=True)
             raise StageFailed(stage, f"judge raised {type(exc).__name__}: {exc}") from None
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _worth_retrying(self, exc: BaseException) -> bool:
+        """Retry what failed without leaving work behind on the judge's side."""
+        if isinstance(exc, JudgeTimedOut):
+            return not exc.may_still_run
+        if isinstance(exc, FormatRefused):
+            return False
+        if isinstance(exc, asyncio.TimeoutError):  # this client's deadline cancelled the call
+            return bool(getattr(self.judge, "cancel_stops_work", True))
+        return isinstance(exc, JudgeUnavailable)
 
     async def _judge_call(self, stage: str, messages: list[dict[str, str]], schema: dict | None,
                           sample: int) -> JudgeReply:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import jinja2
 
+from draco_gym.reward.answers import TITLE_WORDS
 from draco_gym.text import truncate_middle
 from draco_gym.types import Criterion, Trajectory, Verdict
 
@@ -107,7 +108,8 @@ def _environment() -> jinja2.Environment:
 
 def stage_messages(stage: str, **variables) -> list[dict[str, str]]:
     """System and user message of ``stage`` from ``prompts/<stage>.j2`` (macros
-    ``system`` and ``user``)."""
+    ``system`` and ``user``). Every stage states the criterion title rule (``title_words``)."""
+    variables.setdefault("title_words", TITLE_WORDS)
     module = _environment().get_template(f"{stage}.j2").make_module(variables)
     return [
         {"role": "system", "content": str(module.system()).strip()},

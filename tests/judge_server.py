@@ -9,11 +9,20 @@ judge), adds a configurable latency per call, and injects faults on demand:
     content    malformed_json, missing_fields, steps_out_of_range, pass_without_citation,
                unknown_title
 
+``dialect`` makes the server behave as one real server family does towards structured
+output, with that server's own error bodies (read from their sources): what it answers at
+GET /v1/models (``owned_by``) and /props, which ``response_format`` forms it takes, how it
+refuses the others, how many requests it computes at once (``slots``; the rest queue), and
+for llama-cpp-python that a new request arriving cuts a streaming answer short.
+Streaming (``"stream": true``) sends the answer in pieces, ``token_s`` apart; a client that
+closes the connection stops the computation (``Recorded.aborted``), as the real servers do.
+A non-streamed answer is computed to its end whatever the client does.
+
 Faults are queued with ``inject(kind, stage=..., marker=..., times=...)``, or spread
 evenly over ``fault_rate`` of all calls with the kind drawn at random (seeded). Every
 request is recorded (``requests``) with the stage it was for and the fault it got. The
-stage is read from the response_format's schema name or, when the client sends no schema,
-from the judge prompt's "Stage <name>:" line.
+stage is read from the response_format's schema name or, when the client sends none, from
+the judge prompt's last "Stage <name>:" line.
 
     with JudgeServer(ScriptedJudge({...}), latency_s=0.05) as server:
         judge = OpenAIJudge("test-judge", base_url=server.base_url, api_key="sk-test")
@@ -84,6 +93,71 @@ class Recorded:
     status: int
     repair: bool
     at: float = field(default_factory=time.perf_counter)
+    start: float = 0.0  # when the server began computing the answer (0: never began)
+    end: float = 0.0  # when it stopped (finished, aborted or interrupted)
+    aborted: bool = False  # the client closed the connection mid-answer
+    interrupted: bool = False  # another request cut the answer short (llama-cpp-python)
+    response_format: dict | None = None
+    messages: list = field(default_factory=list)
+
+
+# -- server families ---------------------------------------------------------------------------
+# owned_by at GET /v1/models, as each server writes it
+OWNED_BY = {"openai": "system", "vllm": "vllm", "sglang": "sglang", "ollama": "library",
+            "llama_cpp_python": "me", "llama_server": "llamacpp", "plain": "organization-owner"}
+DIALECTS = tuple(OWNED_BY)
+
+
+def _strict_ready(schema) -> bool:
+    if isinstance(schema, dict):
+        if "properties" in schema and (schema.get("additionalProperties") is not False
+                                       or set(schema.get("required", [])) != set(schema["properties"])):
+            return False
+        return all(_strict_ready(v) for v in schema.values())
+    if isinstance(schema, list):
+        return all(_strict_ready(v) for v in schema)
+    return True
+
+
+def format_refusal(dialect: str, response_format: dict) -> tuple[int, dict] | None:
+    """How a server family refuses a response_format it does not take: (status, body), or
+    None when it takes it."""
+    kind = response_format.get("type", "text")
+    if dialect == "llama_cpp_python":
+        # llama-cpp-python 0.3.36: ResponseFormat.type is Literal["text", "json_object"]; its
+        # route handler turns the request's validation error into a 500 internal_server_error
+        # (the body below is the real server's, the path shortened)
+        if kind not in ("text", "json_object"):
+            message = ("1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
+                       "'msg': \"Input should be 'text' or 'json_object'\", "
+                       f"'input': '{kind}', 'ctx': {{'expected': \"'text' or 'json_object'\"}}}}\n\n"
+                       '  File ".../llama_cpp/server/app.py", line 376, in create_chat_completion\n'
+                       "    POST /v1/chat/completions")
+            return 500, {"error": {"message": message, "type": "internal_server_error", "param": None, "code": None}}
+    elif dialect == "llama_server":
+        # llama.cpp's C++ server before json_schema support
+        if kind not in ("text", "json_object"):
+            message = f'response_format type must be one of "text" or "json_object", but got: {kind}'
+            return 400, {"error": {"code": 400, "message": message, "type": "invalid_request_error"}}
+    elif dialect in ("vllm", "sglang"):
+        if kind not in ("text", "json_object", "json_schema", "structural_tag"):
+            message = "1 validation error: response_format.type: Input should be 'text', 'json_object' or 'json_schema'"
+            return 400, {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400}
+    elif dialect == "openai":
+        spec = response_format.get("json_schema") or {}
+        if kind == "json_object" and "schema" in response_format:
+            return 400, {"error": {"message": "Additional properties are not allowed ('schema' was unexpected) - "
+                                              "'response_format'", "type": "invalid_request_error",
+                                   "param": "response_format", "code": None}}
+        if kind == "json_schema" and spec.get("strict") and not _strict_ready(spec.get("schema")):
+            return 400, {"error": {"message": f"Invalid schema for response_format '{spec.get('name')}': In context=(), "
+                                              "'additionalProperties' is required to be supplied and to be false.",
+                                   "type": "invalid_request_error", "param": "response_format", "code": None}}
+    elif dialect == "plain":
+        if response_format:
+            return 400, {"error": {"message": "Unrecognized request argument supplied: response_format",
+                                   "type": "invalid_request_error", "param": None, "code": None}}
+    return None
 
 
 Responder = Callable[[JudgeRequest], "dict | str"]
@@ -195,7 +269,13 @@ class JudgeServer:
         retry_after_s: float = 0.05,
         model: str = "test-judge",
         reject_params: tuple[str, ...] = (),
+        dialect: str | None = None,
+        slots: int | None = None,
+        token_s: float = 0.0,
+        models_endpoint: bool = True,
     ) -> None:
+        if dialect is not None and dialect not in DIALECTS:
+            raise ValueError(f"unknown dialect {dialect!r}; known: {DIALECTS}")
         self.responder = responder
         self.latency_s = latency_s
         self.json_schema = json_schema
@@ -204,6 +284,15 @@ class JudgeServer:
         self.slow_s, self.hang_s, self.retry_after_s = slow_s, hang_s, retry_after_s
         self.model = model
         self.reject_params = reject_params  # request fields answered with a 400, as OpenAI's reasoning models do
+        self.dialect = dialect
+        self.slots = 1 if dialect == "llama_cpp_python" else slots
+        self.token_s = token_s
+        self.models_endpoint = models_endpoint  # False: the probe learns nothing, only refusals teach
+        self._slot = threading.Semaphore(self.slots) if self.slots else None
+        self._waiting = 0  # requests queued for a slot
+        self._open = 0  # requests received and not yet answered
+        self.max_open = 0  # the most requests the clients had open at once
+        self.probes: list[str] = []  # GET paths asked
         self.requests: list[Recorded] = []
         self.errors: list[str] = []
         self._queue: list[dict] = []
@@ -217,6 +306,9 @@ class JudgeServer:
     # -- control -----------------------------------------------------------------------
 
     def start(self) -> JudgeServer:
+        from draco_gym.reward.judges import forget_servers
+
+        forget_servers()  # a new server may reuse an old one's port: nothing remembered carries over
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -229,10 +321,17 @@ class JudgeServer:
             def do_POST(self):
                 server._handle(self)
 
-            def do_GET(self):  # counts, for a server running in another process
-                if self.path.rstrip("/") != "/stats":
-                    return server._send(self, 404, server._error(f"no route {self.path}", "not_found"))
-                server._send(self, 200, server.stats())
+            def do_GET(self):
+                path = self.path.rstrip("/")
+                server.probes.append(path)
+                if path == "/stats":  # counts, for a server running in another process
+                    return server._send(self, 200, server.stats())
+                if path == "/v1/models" and server.dialect and server.models_endpoint:
+                    return server._send(self, 200, {"object": "list", "data": [
+                        {"id": server.model, "object": "model", "owned_by": OWNED_BY[server.dialect]}]})
+                if path == "/props" and server.dialect == "llama_server":
+                    return server._send(self, 200, {"total_slots": server.slots or 1, "model_path": server.model})
+                server._send(self, 404, server._error(f"no route {self.path}", "not_found"))
 
         class Server(ThreadingHTTPServer):
             request_queue_size = 256  # the default 5 drops connections when many calls start at once
@@ -300,9 +399,13 @@ class JudgeServer:
                     return self._random.choice(self.random_faults)
         return None
 
-    def _record(self, request: JudgeRequest | None, fault: str | None, status: int) -> None:
+    def _record(self, request: JudgeRequest | None, fault: str | None, status: int) -> Recorded:
         with self._lock:
-            self.requests.append(Recorded(request.stage if request else None, fault, status, bool(request and request.is_repair)))
+            record = Recorded(request.stage if request else None, fault, status, bool(request and request.is_repair),
+                              response_format=(request.body.get("response_format") if request else None),
+                              messages=(request.messages if request else []))
+            self.requests.append(record)
+            return record
 
     def _send(self, handler: BaseHTTPRequestHandler, status: int, payload: dict, headers: dict | None = None) -> None:
         body = json.dumps(payload).encode()
@@ -322,6 +425,16 @@ class JudgeServer:
         return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
     def _handle(self, handler: BaseHTTPRequestHandler) -> None:
+        with self._lock:
+            self._open += 1
+            self.max_open = max(self.max_open, self._open)
+        try:
+            self._handle_open(handler)
+        finally:
+            with self._lock:
+                self._open -= 1
+
+    def _handle_open(self, handler: BaseHTTPRequestHandler) -> None:
         length = int(handler.headers.get("Content-Length", 0))
         try:
             body = json.loads(handler.rfile.read(length) or b"{}")
@@ -345,11 +458,32 @@ class JudgeServer:
                 return self._send(handler, 400, self._error("response_format json_schema is not supported", "invalid_request_error"))
             spec = response_format.get("json_schema", {})
             schema, stage = spec.get("schema"), spec.get("name")
-        if stage is None:
-            systems = [m.get("content", "") for m in body.get("messages", []) if m.get("role") == "system"]
-            found = _STAGE_LINE.search(systems[0]) if systems else None
-            stage = found.group(1) if found else None
+        elif response_format.get("type") == "json_object":
+            schema = response_format.get("schema")  # llama.cpp's grammar-constrained json_object
+        if stage is None:  # the prompt's last "Stage <name>:" line: data before it may quote one
+            found = _STAGE_LINE.findall("\n".join(m.get("content") or "" for m in body.get("messages", [])[:2]))
+            stage = found[-1] if found else None
         request = JudgeRequest(body=body, stage=stage, schema=schema)
+        if self.dialect is not None:
+            refusal = format_refusal(self.dialect, response_format)
+            if refusal is not None:
+                self._record(request, None, refusal[0])
+                return self._send(handler, *refusal)
+        if self._slot is None:
+            return self._answer(handler, request)
+        with self._lock:
+            self._waiting += 1
+        self._slot.acquire()
+        with self._lock:
+            self._waiting -= 1
+        try:
+            return self._answer(handler, request)
+        finally:
+            self._slot.release()
+
+    def _answer(self, handler: BaseHTTPRequestHandler, request: JudgeRequest) -> None:
+        body = request.body
+        started = time.perf_counter()
 
         if self.latency_s:
             time.sleep(self.latency_s)
@@ -378,7 +512,13 @@ class JudgeServer:
             return self._send(handler, 400, self._error(message, "test_script_error"))
         text = _corrupt(fault, answer) if fault in CONTENT_FAULTS else answer if isinstance(answer, str) else json.dumps(answer)
         prompt_chars = sum(len(m.get("content") or "") for m in body.get("messages", []))
-        self._record(request, fault, 200)
+        record = self._record(request, fault, 200)
+        record.start = started
+        if body.get("stream"):
+            return self._stream(handler, body, text, prompt_chars, record)
+        if self.token_s:
+            time.sleep(self.token_s * len(_pieces(text)))  # computed to the end: no one checks the client
+        record.end = time.perf_counter()
         self._send(handler, 200, {
             "id": f"chatcmpl-{len(self.requests)}",
             "object": "chat.completion",
@@ -388,6 +528,56 @@ class JudgeServer:
             "usage": {"prompt_tokens": prompt_chars // 4, "completion_tokens": len(text) // 4,
                       "total_tokens": prompt_chars // 4 + len(text) // 4},
         })
+
+
+    def _stream(self, handler: BaseHTTPRequestHandler, body: dict, text: str, prompt_chars: int,
+                record: Recorded) -> None:
+        """Server-sent events, one piece of the answer each; a closed connection stops the work."""
+        def event(payload) -> bytes:
+            return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n".encode()
+
+        def chunk(delta: dict, finish: str | None = None, usage: dict | None = None) -> dict:
+            out = {"id": "chatcmpl-stream", "object": "chat.completion.chunk", "created": int(time.time()),
+                   "model": body.get("model", self.model),
+                   "choices": [] if usage else [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            if usage:
+                out["usage"] = usage
+            return out
+
+        try:
+            handler.send_response(200)
+            handler.send_header("Content-Type", "text/event-stream")
+            handler.send_header("Connection", "close")
+            handler.end_headers()
+            handler.close_connection = True
+            handler.wfile.write(event(chunk({"role": "assistant", "content": ""})))
+            for piece in _pieces(text):
+                if self.token_s:
+                    time.sleep(self.token_s)
+                if self.dialect == "llama_cpp_python" and self._waiting:
+                    # llama-cpp-python's interrupt_requests (on by default): a queued request
+                    # ends the stream here, the answer cut short
+                    record.interrupted = True
+                    handler.wfile.write(event("[DONE]"))
+                    handler.wfile.flush()
+                    return
+                handler.wfile.write(event(chunk({"content": piece})))
+                handler.wfile.flush()
+            handler.wfile.write(event(chunk({}, "stop")))
+            if (body.get("stream_options") or {}).get("include_usage") and self.dialect != "llama_cpp_python":
+                handler.wfile.write(event(chunk({}, usage={"prompt_tokens": prompt_chars // 4, "completion_tokens": len(text) // 4,
+                                                           "total_tokens": prompt_chars // 4 + len(text) // 4})))
+            handler.wfile.write(event("[DONE]"))
+            handler.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            record.aborted = True  # the client gave up: the server stops computing
+        finally:
+            record.end = time.perf_counter()
+
+
+def _pieces(text: str, size: int = 8) -> list[str]:
+    """The answer as a server streams it (here: 8 characters a piece, about two tokens)."""
+    return [text[i:i + size] for i in range(0, len(text), size)] or [""]
 
 
 class ServerProcess:

@@ -112,7 +112,7 @@ def test_failed_proposal_falls_back_to_the_static_rubric():
     assert len(later) == 4  # 3 augment + 1 merge
     for request in later:
         assert all(c.title in request.data for c in STATIC_CRITERIA)
-        assert P1 not in request.data.split("<trajectory")[0]  # no proposed criterion reached them
+        assert P1 not in request.data.rsplit("</trajectory>", 1)[-1]  # no proposed criterion reached them
 
 
 def test_unavailable_augment_adds_nothing_from_that_rollout():

@@ -83,7 +83,7 @@ def test_one_grpo_trainer_step_with_the_dynamic_rubric_reward(model_dir, tmp_pat
     trl = pytest.importorskip("trl")
 
     def passes(title: str, text: str) -> bool:
-        return "e" in text.split("<trajectory", 1)[-1] if title.startswith("Writes") else len(text) % 2 == 0
+        return "e" in text.split("<trajectory", 1)[-1].split("</trajectory>", 1)[0] if title.startswith("Writes") else len(text) % 2 == 0
 
     judge_logic = RuleJudge(["Writes the letter e somewhere", "Has an even prompt length"], passes)
     dataset = datasets.Dataset.from_dict({"prompt": ["Book the cheapest flight.", "Like every song."], "task_id": ["f", "s"]})

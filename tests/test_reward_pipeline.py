@@ -111,7 +111,7 @@ def test_server_without_json_schema_support_gets_json_object_requests():
         reward = make_reward(server)
         result = reward.score_group(TASK, group())
     assert_hand_computed(result)
-    assert reward.client.judge._format == "json_object"
+    assert reward.client.judge.format == "json_object_schema"
     assert server.calls(status=400) == 1  # rejected once, then remembered
 
 

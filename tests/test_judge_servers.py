@@ -1,0 +1,194 @@
+"""The judge against each server family users run (their structured-output dialects, error
+bodies, slots and streaming, as tests/judge_server.py reproduces them): the form chosen after
+one probe, the step-down on any refusal that names the response format, the memory per
+base URL, a forced form, no re-sent work after a timeout, and one request at a time for a
+one-slot server."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from judge_server import DIALECTS, JudgeServer, ScriptedJudge
+from reward_fixtures import TASK, assert_hand_computed, group, script
+
+from draco_gym.reward import DynamicRubricReward, OpenAIJudge
+from draco_gym.reward.judges import server_profile
+
+# the form each family takes first time, and how many refusals it costs to get there
+FIRST_FORM = {
+    "openai": ("json_schema", 0),
+    "vllm": ("json_schema", 0),
+    "sglang": ("json_schema", 0),
+    "ollama": ("json_schema", 0),
+    "llama_cpp_python": ("json_object_schema", 0),
+    "llama_server": ("json_object_schema", 0),
+    "plain": ("none", 3),  # an unknown family walks the whole ladder, once
+}
+
+
+def make_reward(server: JudgeServer, mode: str = "separate", judge_options: dict | None = None, **options):
+    judge = OpenAIJudge("test-judge", base_url=server.base_url, api_key="sk-test", request_timeout_s=5,
+                        max_retries=1, **(judge_options or {}))
+    options.setdefault("retry_wait_s", 0.01)
+    return DynamicRubricReward(judge, mode=mode, **options)
+
+
+def refusals(server: JudgeServer) -> list:
+    return [r for r in server.requests if r.status >= 400]
+
+
+def sent_forms(server: JudgeServer) -> set[str]:
+    out = set()
+    for r in server.requests:
+        f = r.response_format or {}
+        out.add("none" if not f else "json_object_schema" if "schema" in f else f["type"])
+    return out
+
+
+def test_every_family_is_covered():
+    assert set(FIRST_FORM) == set(DIALECTS)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_each_server_family_scores_a_group_after_one_probe(dialect):
+    form, n_refused = FIRST_FORM[dialect]
+    with JudgeServer(ScriptedJudge(script()), dialect=dialect) as server:
+        reward = make_reward(server)
+        result = reward.score_group(TASK, group())
+        again = reward.score_group(TASK, group())  # remembered: no second probe, no refusal
+    assert result.fallbacks == [] and again.fallbacks == []
+    assert_hand_computed(result)
+    assert reward.client.judge.format == form
+    assert len(refusals(server)) == n_refused
+    assert server.probes.count("/v1/models") == 1
+    accepted = [r for r in server.requests if r.status == 200]
+    assert {("none" if not r.response_format else "json_object_schema" if "schema" in r.response_format
+             else r.response_format["type"]) for r in accepted} == {form}
+
+
+def test_llama_cpp_python_500_naming_the_format_steps_down_and_is_remembered(caplog):
+    """Without a probe to go by (no /v1/models), the first request is json_schema; the
+    server's 500 internal_server_error names response_format.type, so the judge steps down to
+    llama.cpp's json_object + schema, logs it once, and a new judge for the same URL starts there."""
+    with JudgeServer(ScriptedJudge(script()), dialect="llama_cpp_python", models_endpoint=False) as server:
+        with caplog.at_level(logging.WARNING, logger="draco_gym.reward.judges"):
+            result = make_reward(server, judge_options={"slots": 1}).score_group(TASK, group())
+            before = len(server.requests)
+            other = make_reward(server, judge_options={"slots": 1}).score_group(TASK, group())
+    assert result.fallbacks == [] and other.fallbacks == []
+    assert_hand_computed(result)
+    (refused,) = refusals(server)
+    assert refused.status == 500 and refused.response_format["type"] == "json_schema"
+    assert all(r.response_format == {"type": "json_object", "schema": r.response_format["schema"]}
+               for r in server.requests if r.status == 200)
+    # strings are capped, so the grammar ends every answer before max_tokens cuts it off
+    assert all('"maxLength": 300' in json.dumps(r.response_format["schema"]) for r in server.requests if r.status == 200)
+    assert all(r.status == 200 for r in server.requests[before:])
+    steps = [m for m in caplog.messages if "refused structured output" in m]
+    assert len(steps) == 1 and "now sending json_object_schema" in steps[0]
+    assert server_profile(server.base_url).format == "json_object_schema"
+
+
+def test_llama_server_400_steps_down_and_its_slots_come_from_props():
+    with JudgeServer(ScriptedJudge(script()), dialect="llama_server", slots=2, token_s=0.002) as server:
+        reward = make_reward(server, max_concurrency=16)
+        result = reward.score_group(TASK, group())
+    assert result.fallbacks == []
+    assert "/props" in server.probes and server_profile(server.base_url).slots == 2
+    assert server.max_open == 2  # two slots: two requests at a time, never more
+
+
+@pytest.mark.parametrize("mode", ["separate", "fused"])
+def test_a_one_slot_server_gets_one_request_at_a_time(mode):
+    """llama-cpp-python serves one request at a time and cuts a streaming answer short when
+    another request arrives; the client must never have two open."""
+    with JudgeServer(ScriptedJudge(script(mode)), dialect="llama_cpp_python", token_s=0.002) as server:
+        result = make_reward(server, mode, max_concurrency=16).score_group(TASK, group())
+    assert result.fallbacks == []
+    assert_hand_computed(result)
+    assert server.max_open == 1
+    assert not any(r.interrupted for r in server.requests)
+
+
+def test_a_forced_form_is_sent_as_is_and_never_stepped_down():
+    with JudgeServer(ScriptedJudge(script()), dialect="vllm") as server:
+        result = make_reward(server, judge_options={"structured_output": "json_object_schema"}).score_group(TASK, group())
+    assert result.fallbacks == [] and sent_forms(server) == {"json_object_schema"}
+
+    with JudgeServer(ScriptedJudge(script()), dialect="llama_cpp_python") as server:
+        result = make_reward(server, judge_options={"structured_output": "json_schema"},
+                             retries=2).score_group(TASK, group())
+    assert result.fallbacks[0].startswith("propose: ") and "refuses structured_output='json_schema'" in result.fallbacks[0]
+    assert sent_forms(server) == {"json_schema"}  # forced: refused, but never stepped down
+    assert server.calls("propose", status=None) == 1  # and a refusal is not retried by any layer
+    assert server_profile(server.base_url).format == "json_object_schema"  # the probe still knows better
+
+
+def test_a_timed_out_unstreamed_request_is_not_resent():
+    """Not streamed, a request the client gave up on keeps the server busy to its end: no
+    retry layer (the openai client's, the judge's, the client's) may send it again."""
+    with JudgeServer(ScriptedJudge(script()), dialect="vllm", token_s=0.2) as server:
+        judge = OpenAIJudge("test-judge", base_url=server.base_url, api_key="k", request_timeout_s=0.5,
+                            max_retries=3, stream=False)
+        result = DynamicRubricReward(judge, retries=3, retry_wait_s=0.01).score_group(TASK, group())
+    assert result.fallbacks and result.fallbacks[0].startswith("propose: ")
+    assert "not re-sent" in result.fallbacks[0]
+    assert server.calls("propose", status=None) == 1
+
+
+def test_a_streamed_request_given_up_on_stops_the_server_before_it_is_resent():
+    """Streamed, the client's deadline closes the connection; the server stops computing
+    (aborted), and only then does the retry start: never two copies computing at once."""
+    with JudgeServer(ScriptedJudge(script()), dialect="vllm", token_s=0.05) as server:
+        judge = OpenAIJudge("test-judge", base_url=server.base_url, api_key="k", request_timeout_s=5)
+        result = DynamicRubricReward(judge, deadline_s=0.4, retries=1, retry_wait_s=0.3, max_concurrency=1) \
+            .score_group(TASK, group())
+    assert result.fallbacks and result.fallbacks[0].startswith("propose: ")
+    propose = [r for r in server.requests if r.stage == "propose"]
+    assert len(propose) == 2 and all(r.aborted for r in propose)
+    assert propose[0].end - propose[0].start < 0.4 + 3 * 0.05  # it stopped within a piece or two
+    assert propose[0].end <= propose[1].start  # and before the retry (after its backoff) began
+    copies: dict[str, list] = {}
+    for r in server.requests:
+        copies.setdefault(json.dumps(r.messages), []).append(r)
+    assert any(len(c) > 1 for c in copies.values())
+    for same in copies.values():  # no request is computed twice at once
+        assert all(a.end <= b.start for a, b in zip(same, same[1:]))
+
+
+def _prompt(record) -> str:
+    return "\n".join(m["content"] for m in record.messages)
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return a[:n]
+
+
+@pytest.mark.parametrize("mode", ["separate", "fused"])
+def test_a_rollouts_calls_share_the_rules_task_and_rollout_as_prefix(mode):
+    """What repeats comes first: every call of a rollout (augment, score, attribute or the
+    fused score_attribute) starts with the same judge rules, task and rollout, which a
+    server's prompt cache then reuses; the stage's own text comes after."""
+    from draco_gym.bench.judge_pipeline import prefix_share
+
+    with JudgeServer(ScriptedJudge(script(mode))) as server:
+        result = make_reward(server, mode).score_group(TASK, group())
+    assert result.fallbacks == []
+    stages = ("augment", "score", "attribute") if mode == "separate" else ("augment", "score_attribute")
+    for marker in ("ROLL-A", "ROLL-B", "ROLL-C"):
+        calls = [_prompt(r) for r in server.requests if r.stage in stages and marker in r.messages[1]["content"]
+                 and r.stage != "merge"]
+        assert len(calls) == len(stages)
+        shared = calls[0]
+        for other in calls[1:]:
+            shared = _common_prefix(shared, other)
+        assert TASK.instruction in shared and marker in shared and shared.rstrip().endswith("</trajectory>")
+    share, _ = prefix_share([r.messages for r in server.requests], lambda m: list(json.dumps(m)))
+    assert share >= 0.5, share
