@@ -105,6 +105,15 @@ def test_groups_executed_on_the_real_engine(env):
     assert group.task.id == "contact-phone-lookup_1" and "Jonah" in group.task.instruction
 
 
+def test_a_perturbation_the_engine_still_passes_is_not_used(env):
+    # receipts-month-total_1: the first candidate drops the slash of "~/receipts/", which the
+    # file system does not mind; the next one, the answer off by one, fails
+    group = jq.build_group(env, "receipts-month-total_1")
+    perturbed = group.rollouts[-1]
+    assert perturbed.kind == "perturbed" and perturbed.success is False
+    assert perturbed.faulty_step == 3 and "answer" in perturbed.note
+
+
 # -- metrics on hand-computed cases ---------------------------------------------------------
 
 
