@@ -56,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from draco_gym.reward import build_reward  # noqa: E402
 from draco_gym.reward.answers import normalize_title  # noqa: E402
+from draco_gym.reward.judge_client import judge_identity  # noqa: E402
 from draco_gym.types import GroupScore, Task, Trajectory  # noqa: E402
 
 KINDS = ("reference", "wrong", "truncated", "perturbed")
@@ -481,6 +482,32 @@ def report(results: Sequence[GroupResult], judge_label: str, mode: str) -> list[
     return lines
 
 
+class ProgressJudge:
+    """A judge that reports each answered call (stage, tokens, seconds) as it comes: a small
+    local judge takes minutes per group, and silence looks like a hang."""
+
+    def __init__(self, judge: Any, say: Callable[[str], None]) -> None:
+        self.judge, self.say, self.calls = judge, say, 0
+        self.model = judge.model
+
+    @property
+    def identity(self) -> Any:
+        return judge_identity(self.judge)
+
+    async def complete(self, messages, **options) -> Any:
+        start = time.perf_counter()
+        reply = await self.judge.complete(messages, **options)
+        self.calls += 1
+        self.say(f"    judge call {self.calls}: {options.get('schema_name', '?')}, {reply.prompt_tokens} prompt + "
+                 f"{reply.completion_tokens} completion tokens, {time.perf_counter() - start:.1f} s")
+        return reply
+
+    async def aclose(self) -> None:
+        close = getattr(self.judge, "aclose", None)
+        if close is not None:
+            await close()
+
+
 def make_judge(args: argparse.Namespace) -> tuple[Any, str]:
     """The judge the flags name, and how the report labels it (never with the key)."""
     if args.base_url:
@@ -562,6 +589,7 @@ def main(argv: list[str] | None = None) -> int:
         source = env.unwrapped.source
         task_ids = select_tasks(source, args.split, args.tasks, args.groups)
         judge, label = make_judge(args)
+        judge = ProgressJudge(judge, say)
         prices = {judge.model: list(args.price)} if args.price else {}
 
         def make_reward():

@@ -243,7 +243,7 @@ def test_bench_end_to_end_against_an_openai_protocol_server(monkeypatch, capsys,
     assert code == 0 and requests == 20
     captured = capsys.readouterr()
     assert "sk-canary-judge-quality" not in captured.out + captured.err + out.read_text()
-    assert "[group 1/1] contact-phone-lookup_1" in captured.err  # progress
+    assert "[group 1/1] contact-phone-lookup_1" in captured.err and "judge call 20: " in captured.err  # progress
     lines = captured.out.strip().splitlines()
     assert "ordering: reference > wrong" in captured.out
     # per scoring: FAIL cites wrong {4}, truncated {3} (its fault), perturbed {4}
