@@ -160,7 +160,13 @@ def _user_values(block: str, instruction: str) -> list[tokenize.TokenInfo]:
     amount, a path, a message), in source order."""
     said = instruction.lower()
     found = []
-    for token in tokenize.generate_tokens(io.StringIO(block).readline):
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(block).readline))
+    except (tokenize.TokenError, SyntaxError):  # not Python: nothing to alter
+        return []
+    for token in tokens:
+        if token.start[0] != token.end[0]:  # a multi-line string is no typed-in value
+            continue
         if token.type == tokenize.STRING:
             try:
                 value = str(ast.literal_eval(token.string))
@@ -176,8 +182,7 @@ def _user_values(block: str, instruction: str) -> list[tokenize.TokenInfo]:
 
 def _replace(block: str, token: tokenize.TokenInfo, new: str) -> str:
     lines = block.splitlines(keepends=True)
-    (row, start), (end_row, end) = token.start, token.end
-    assert row == end_row, "user values are one-line literals"
+    (row, start), (_, end) = token.start, token.end
     line = lines[row - 1]
     lines[row - 1] = line[:start] + new + line[end:]
     return "".join(lines)
