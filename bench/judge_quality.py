@@ -478,6 +478,9 @@ def report(results: Sequence[GroupResult], judge_label: str, mode: str) -> list[
         ("cost per group", f"${sum(r.cost for r in results) / n:.4f}"),
         ("judge wall time per group", f"{sum(r.wall_s for r in results) / n:.1f} s"),
     ]
+    reasons = list(dict.fromkeys(reason.split(";")[0][:160] for r in results for reason in r.fallback_reasons))
+    if reasons:
+        rows.append(("fallback reasons (distinct, first 3)", " | ".join(reasons[:3])))
     width = max(len(name) for name, _ in rows)
     lines += ["", *(f"  {name:<{width}}  {value}" for name, value in rows), ""]
     lines.append(f"headline ({judge_label}): ordering accuracy {_pct(sum(all_pairs) / len(all_pairs) if all_pairs else None)}, "
@@ -522,8 +525,9 @@ def make_judge(args: argparse.Namespace) -> tuple[Any, str]:
             raise SystemExit("--base-url needs --model (the model name the endpoint serves)")
         if args.api_key_env and not os.environ.get(args.api_key_env):
             print(f"note: ${args.api_key_env} is not set; requests carry no API key", file=sys.stderr)
+        options = {"structured_output": args.structured_output} if args.structured_output else {}
         judge = OpenAIJudge(args.model, base_url=args.base_url, api_key_env=args.api_key_env or "OPENAI_API_KEY",
-                            request_timeout_s=args.request_timeout)
+                            request_timeout_s=args.request_timeout, **options)
         return judge, f"{args.model} at {args.base_url}"
     from draco_gym.algos.models import resolve_model
     from draco_gym.reward import TransformersJudge
@@ -562,6 +566,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", help=f"the endpoint's model, or the local judge's model name (default {SMALL_MODEL})")
     parser.add_argument("--api-key-env", default="OPENAI_API_KEY",
                         help="environment variable holding the endpoint's API key (read, never printed)")
+    parser.add_argument("--structured-output", help="the endpoint judge's structured_output option (default: its own)")
     parser.add_argument("--price", type=float, nargs=2, metavar=("IN", "OUT"),
                         help="USD per 1M prompt and completion tokens, for the cost column")
     parser.add_argument("--max-tokens", type=int, default=512, help="judge tokens per answer (default 512)")
