@@ -1,0 +1,260 @@
+"""bench/judge_quality.py: groups with known faulty steps, the metrics, and the bench end to end.
+
+The groups are executed on the real AppWorld engine (the offline suite, built by the
+session fixture when missing); the end-to-end run talks to tests/judge_server.py over a
+real socket with OpenAI's protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+import draco_gym
+from draco_gym.envs.appworld import ensure_offline_suite
+from draco_gym.envs.appworld.runtime import AppWorldRuntime, print_progress
+from draco_gym.reward import FunctionJudge, build_reward
+from draco_gym.reward.render import escape
+from draco_gym.types import GroupScore, Step, Task, Trajectory, TrajectoryScore, Verdict
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import judge_quality as jq  # noqa: E402
+from judge_server import JudgeServer, RuleJudge  # noqa: E402
+
+gym.register_envs(draco_gym)
+
+
+@pytest.fixture(scope="module")
+def source():
+    return ensure_offline_suite(AppWorldRuntime(), progress=print_progress)
+
+
+@pytest.fixture(scope="module")
+def env(source):
+    environment = gym.make("draco_gym/AppWorld-v0", split="train", data_root=str(source.data_dir),
+                           show_progress=False, max_turns=20)
+    yield environment
+    environment.close()
+
+
+# -- group construction ---------------------------------------------------------------------
+
+LOGIN = 'token = apis.venmo.login(username="me", password="pw")["access_token"]'
+PAY = 'print(apis.venmo.create_transaction(access_token=token, receiver_email=e, amount=25.57, description="concert tickets"))'
+TRUTH = jq.GroundTruth("pay_1", [LOGIN, "e = 'jo@x.com'", PAY, "apis.supervisor.complete_task()"],
+                       [LOGIN, "e = 'al@x.com'", PAY, "apis.supervisor.complete_task()"], "paid the right person")
+INSTRUCTION = "Send $25.57 on Venmo to my coworker Jonah, with the note 'concert tickets'."
+
+
+def test_faulty_step_of_each_kind():
+    assert jq.plan_reference(TRUTH).faulty_step is None
+    wrong = jq.plan_wrong(TRUTH)
+    assert (wrong.blocks, wrong.faulty_step) == (TRUTH.wrong, 2)
+    truncated = jq.plan_truncated(TRUTH)
+    # the completion block is gone; the closing message (step 4) stands where it should be
+    assert truncated.blocks == TRUTH.reference[:3] and truncated.faulty_step == 4
+    candidates = jq.perturbation_candidates(TRUTH, INSTRUCTION)
+    assert [c.faulty_step for c in candidates] == [3, 3]
+    assert 'description="concert ticket")' in candidates[0].blocks[2]
+    assert "amount=25.58," in candidates[1].blocks[2]
+    for plan in candidates:  # exactly one block altered: the faulty one
+        changed = [i + 1 for i, (a, b) in enumerate(zip(TRUTH.reference, plan.blocks)) if a != b]
+        assert changed == [plan.faulty_step]
+    question = jq.GroundTruth("count_1", [LOGIN, "n = len(apis.venmo.show_friends())", "apis.supervisor.complete_task(answer=n)"],
+                              [LOGIN, "n = 3", "apis.supervisor.complete_task(answer=n)"], "the answer")
+    (answer,) = jq.perturbation_candidates(question, "How many friends do I have on Venmo?")
+    assert answer.blocks[2] == "apis.supervisor.complete_task(answer=n + 1)" and answer.faulty_step == 3
+    assert jq.first_difference(["a", "b"], ["a", "b", "c"]) == 3
+    with pytest.raises(ValueError, match="identical"):
+        jq.first_difference(["a"], ["a"])
+
+
+def test_every_suite_task_has_plans_whose_fault_is_the_first_difference(source):
+    for split in source.splits:
+        for task_id in source.task_ids(split):
+            truth = jq.load_ground_truth(source, task_id)
+            instruction = json.loads((source.data_dir / "tasks" / task_id / "specs.json").read_text())["instruction"]
+            plans = [jq.plan_wrong(truth), *jq.perturbation_candidates(truth, instruction)]
+            assert len(plans) >= 2, task_id
+            for plan in plans:
+                assert jq.first_difference(truth.reference, plan.blocks) == plan.faulty_step, (task_id, plan.note)
+
+
+def test_groups_executed_on_the_real_engine(env):
+    group = jq.build_group(env, "contact-phone-lookup_1")
+    by_kind = {r.kind: r for r in group.rollouts}
+    assert list(by_kind) == list(jq.KINDS)
+    assert by_kind["reference"].success is True
+    for kind in jq.FAULTY_KINDS:
+        assert by_kind[kind].success is False, (kind, by_kind[kind].trajectory.metrics)
+    assert [r.faulty_step for r in group.rollouts] == [None, 2, 3, 2]
+    wrong = by_kind["wrong"].trajectory
+    assert wrong.metrics["failed_requirements"] and wrong.metrics["failed_requirements"][0].startswith(group.truth.fails)
+    truncated = by_kind["truncated"].trajectory
+    assert len(truncated.steps) == 3 and truncated.steps[2].code is None and truncated.steps[2].text == jq.CLOSING
+    # real observations: the reference printed the contact it found
+    assert "phone_number" in by_kind["reference"].trajectory.steps[1].observation
+    assert group.task.id == "contact-phone-lookup_1" and "Jonah" in group.task.instruction
+
+
+def test_a_perturbation_the_engine_still_passes_is_not_used(env):
+    # receipts-month-total_1: the first candidate drops the slash of "~/receipts/", which the
+    # file system does not mind; the next one, the answer off by one, fails
+    group = jq.build_group(env, "receipts-month-total_1")
+    perturbed = group.rollouts[-1]
+    assert perturbed.kind == "perturbed" and perturbed.success is False
+    assert perturbed.faulty_step == 3 and "answer" in perturbed.note
+
+
+# -- metrics on hand-computed cases ---------------------------------------------------------
+
+
+def _row(*verdicts: tuple[str, int, list[int]]) -> TrajectoryScore:
+    return TrajectoryScore.from_verdicts([Verdict(criterion=c, score=s, cited_steps=steps) for c, s, steps in verdicts])
+
+
+def test_citations_ordering_and_agreement_by_hand():
+    first = GroupScore(scores=[
+        _row(("Answer", 1, [3]), ("Pages", 1, [2])),            # reference: R = 1
+        _row(("Answer", -1, [3]), ("Pages", -1, [2])),          # wrong, fault 2: cites {2, 3} -> hit
+        _row(("Answer", -1, [2]), ("Pages", 1, [2])),           # truncated, fault 3: cites {2} -> miss
+        _row(("Answer", 1, [4]), ("Pages", -1, [1])),           # perturbed, fault 2: cites {1} -> miss
+    ])
+    counts = jq.citations(first, [None, 2, 3, 2])
+    assert (counts.hits, counts.cited, counts.faulty) == (1, 4, 3)
+    assert counts.precision == pytest.approx(1 / 4) and counts.recall == pytest.approx(1 / 3)
+    assert counts.f1 == pytest.approx(2 * (1 / 4) * (1 / 3) / (1 / 4 + 1 / 3))
+    # a FAIL citation on the reference is a false alarm: precision drops, recall does not
+    alarm = first.model_copy(update={"scores": [_row(("Answer", -1, [1]), ("Pages", 1, [2])), *first.scores[1:]]})
+    assert (jq.citations(alarm, [None, 2, 3, 2]).hits, jq.citations(alarm, [None, 2, 3, 2]).cited) == (1, 5)
+    assert jq.orderings(first.rewards, list(jq.KINDS)) == {"wrong": True, "truncated": True, "perturbed": True}
+    tie = jq.orderings([0.0, -1.0, 0.0, 0.5], list(jq.KINDS))
+    assert tie == {"wrong": True, "truncated": False, "perturbed": False}  # a tie is a miss
+    # the second scoring saw the rollouts reversed; unpermute puts them back
+    second_reversed = GroupScore(scores=[
+        _row(("Answer", -1, [4]), ("pages", -1, [1])),          # perturbed
+        _row(("Answer", -1, [3])),                              # truncated: "Pages" dropped here
+        _row(("Answer", -1, [2]), ("Pages", 1, [2])),           # wrong
+        _row(("Answer", 1, [3]), ("Pages", 1, [2]), ("Extra", 1, [1])),  # reference
+    ])
+    second = jq.unpermute(second_reversed, [3, 2, 1, 0])
+    assert second.rewards == [1.0, 0.0, -1.0, -1.0]
+    # compared: ref 2, wrong 2, truncated 1, perturbed 2 (titles match case-insensitively)
+    # agree:    ref 2, wrong 1 (Pages differs), truncated 1, perturbed 1 (Answer differs)
+    assert jq.verdict_agreement(first, second) == (5, 7)
+    assert jq.stage_requests(4, "fused") == 10 and jq.stage_requests(4, "separate") == 14
+
+
+ANSWER, PAGES = "Gives the correct answer", "Reads every result page"
+
+
+def _rollout(task: Task, marker: str, n_steps: int) -> Trajectory:
+    steps = [Step(index=j, text=f"{marker} step {j}\n```python\nprint({j})\n```", code=f"print({j})", observation=str(j))
+             for j in range(1, n_steps + 1)]
+    return Trajectory(task=task, steps=steps, termination="no_code")
+
+
+def scripted_judge(fail_steps: dict[str, dict[str, int]], flip_second: bool = False):
+    """A FunctionJudge answering DRACO's stages: criteria ANSWER and PAGES; in the fused
+    stage, rollout ``marker`` fails criterion c citing ``fail_steps[marker][c]`` and passes
+    the others citing step 1. With ``flip_second``, calls after the first group's answers
+    PASS PAGES everywhere (a judge that disagrees with itself)."""
+    rubric = {"criteria": [{"title": t, "description": t, "evaluator_instruction": t, "origin": "instruction"}
+                           for t in (ANSWER, PAGES)]}
+    fused_calls = []
+
+    def answer(messages):
+        text = "\n".join(m["content"] for m in messages)
+        stage = re.search(r"^Stage (\w+):", text, re.MULTILINE).group(1)
+        if stage in ("propose", "merge"):
+            return json.dumps(rubric)
+        if stage == "augment":
+            return json.dumps({"criteria": []})
+        assert stage == "score_attribute", stage
+        fused_calls.append(1)
+        marker = re.search(r"(ROLL-\w+) step 1", text).group(1)
+        verdicts = []
+        for title in (ANSWER, PAGES):
+            step = fail_steps.get(marker, {}).get(title)
+            if flip_second and len(fused_calls) > 4 and title == PAGES:
+                step = None
+            verdicts.append({"criterion": title, "verdict": "FAIL" if step else "PASS", "steps": [step or 1],
+                             "evidence": "e", "justification": "j"})
+        return json.dumps({"verdicts": verdicts})
+
+    return FunctionJudge(answer, model="scripted")
+
+
+def test_score_group_with_a_function_judge():
+    task = Task(id="t", instruction="Count the notes.")
+    group = jq.Group(task, [
+        jq.Rollout("reference", _rollout(task, "ROLL-R", 3), None, ""),
+        jq.Rollout("wrong", _rollout(task, "ROLL-W", 3), 2, ""),
+        jq.Rollout("truncated", _rollout(task, "ROLL-T", 3), 3, ""),
+        jq.Rollout("perturbed", _rollout(task, "ROLL-P", 3), 2, ""),
+    ], truth=TRUTH)
+    fails = {"ROLL-W": {ANSWER: 2, PAGES: 3}, "ROLL-T": {ANSWER: 3}, "ROLL-P": {PAGES: 1}}
+    judge = scripted_judge(fails)
+    result = jq.score_group(lambda: build_reward("dynamic", judge=judge, mode="fused"), group, "fused")
+    # R: ref (2-0)/2 = 1, wrong -1, truncated 0, perturbed 0, in both scorings
+    assert result.rewards == [[1.0, -1.0, 0.0, 0.0]] * 2
+    assert result.ordering == [{"wrong": True, "truncated": True, "perturbed": True}] * 2
+    # per scoring: FAIL cites wrong {2,3}, truncated {3}, perturbed {1}; hits: wrong, truncated
+    assert (result.citations.hits, result.citations.cited, result.citations.faulty) == (4, 8, 6)
+    assert result.agreement == (8, 8) and result.fallbacks == 0 and result.requests == 20
+    assert result.calls == 20  # propose, 4 augments, merge, 4 fused calls; twice (fresh caches)
+    # a judge that changes its mind on the second scoring: PAGES passes everywhere there,
+    # so it is dropped (nobody fails it) and only ANSWER is compared
+    moody_judge = scripted_judge(fails, flip_second=True)
+    moody = jq.score_group(lambda: build_reward("dynamic", judge=moody_judge, mode="fused"), group, "fused")
+    assert moody.rewards[1] == [1.0, -1.0, -1.0, 1.0]
+    assert moody.agreement == (4, 4)
+    broken = jq.score_group(lambda: build_reward("dynamic", judge=FunctionJudge(lambda m: "no json"), mode="fused",
+                                                 max_repairs=0, retries=0), group, "fused")
+    assert broken.fallbacks == 2 * (1 + 4 + 1 + 4) and broken.zeroed == 2
+    assert broken.rewards == [[0.0] * 4] * 2 and broken.citations.precision is None
+
+
+# -- the bench end to end -------------------------------------------------------------------
+
+
+def test_bench_end_to_end_against_an_openai_protocol_server(monkeypatch, capsys, tmp_path, source):
+    """One group, a rule judge behind a real socket: it passes the reference and fails the
+    others citing their last step, so it finds the truncated rollout's fault only."""
+    monkeypatch.setenv("DRACO_GYM_APPWORLD_DATA", str(source.data_dir))
+    monkeypatch.setenv("JQ_TEST_KEY", "sk-canary-judge-quality")
+
+    def passes(title: str, text: str) -> bool:
+        return 'steps="4"' in text and escape('relationship="friend"') in text and '"Jona"' not in text
+
+    out = tmp_path / "results.json"
+    with JudgeServer(RuleJudge(["Gives the friend's number", "Searches friends only"], passes)) as server:
+        code = jq.main(["--tasks", "contact-phone-lookup_1", "--base-url", server.base_url, "--model", "test-judge",
+                        "--api-key-env", "JQ_TEST_KEY", "--price", "1", "2", "--json", str(out)])
+        requests = server.calls()
+    assert code == 0 and requests == 20
+    captured = capsys.readouterr()
+    assert "sk-canary-judge-quality" not in captured.out + captured.err + out.read_text()
+    assert "[group 1/1] contact-phone-lookup_1" in captured.err and "judge call 20: " in captured.err  # progress
+    lines = captured.out.strip().splitlines()
+    assert "ordering: reference > wrong" in captured.out
+    # per scoring: FAIL cites wrong {4}, truncated {3} (its fault), perturbed {4}
+    assert lines[-1].startswith("headline (test-judge at ")
+    assert "ordering accuracy 100%, citation F1 0.33 (P 0.33, R 0.33), agreement 100%, fallbacks 0%" in lines[-1]
+    (saved,) = json.loads(out.read_text())
+    assert saved["engine_success"] == [True, False, False, False] and saved["faulty_steps"] == [None, 2, 3, 2]
+    assert saved["cost"] > 0 and saved["calls"] == 20
+
+
+def test_bad_flags_are_clear_errors(capsys):
+    with pytest.raises(SystemExit):
+        jq.parse_args(["--groups", "0"])
+    assert "--groups must be >= 1" in capsys.readouterr().err
