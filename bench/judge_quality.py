@@ -54,6 +54,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from draco_gym.envs.appworld.suite import GroundTruth  # noqa: E402
 from draco_gym.reward import build_reward  # noqa: E402
 from draco_gym.reward.answers import normalize_title  # noqa: E402
 from draco_gym.reward.judge_client import judge_identity  # noqa: E402
@@ -66,31 +67,6 @@ SMALL_MODEL = "smollm2-135m-instruct"
 
 
 # -- ground truth and groups ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GroundTruth:
-    """What the suite knows about one task: the reference blocks, the wrong blocks and the
-    requirement the wrong ones break."""
-
-    task_id: str
-    reference: list[str]
-    wrong: list[str]
-    fails: str
-
-
-def load_ground_truth(source: Any, task_id: str) -> GroundTruth:
-    """Read ``ground_truth/{reference,wrong}_solution.json`` of ``task_id`` from a
-    ``TaskSource`` (the offline suite has both files; real AppWorld data has neither)."""
-    try:
-        reference = source.ground_truth_file(task_id, "reference_solution.json")
-        wrong = source.ground_truth_file(task_id, "wrong_solution.json")
-    except FileNotFoundError:
-        raise ValueError(f"task {task_id!r} has no reference and wrong solution in {source.data_dir}; "
-                         "the judge-quality bench needs the offline suite's ground truth") from None
-    if not reference or not all(isinstance(b, str) for b in reference):
-        raise ValueError(f"task {task_id!r}: reference_solution.json must be a non-empty list of code blocks")
-    return GroundTruth(task_id, list(reference), list(wrong["blocks"]), str(wrong["fails"]))
 
 
 @dataclass
@@ -116,20 +92,20 @@ def first_difference(reference: Sequence[str], other: Sequence[str]) -> int:
 
 
 def plan_reference(gt: GroundTruth) -> Plan:
-    return Plan("reference", list(gt.reference), None, "reference solution")
+    return Plan("reference", list(gt.reference_blocks), None, "reference solution")
 
 
 def plan_wrong(gt: GroundTruth) -> Plan:
-    step = first_difference(gt.reference, gt.wrong)
-    return Plan("wrong", list(gt.wrong), step, f"breaks: {gt.fails}")
+    step = first_difference(gt.reference_blocks, gt.wrong_blocks)
+    return Plan("wrong", list(gt.wrong_blocks), step, f"breaks: {gt.wrong_fails}")
 
 
 def plan_truncated(gt: GroundTruth) -> Plan:
     """The reference without its last block; the closing message takes its place (step n),
     claiming a completion that never happened."""
-    if len(gt.reference) < 2:
+    if len(gt.reference_blocks) < 2:
         raise ValueError(f"task {gt.task_id!r}: a one-block reference cannot be truncated")
-    return Plan("truncated", list(gt.reference[:-1]), len(gt.reference), "completion block left out")
+    return Plan("truncated", list(gt.reference_blocks[:-1]), len(gt.reference_blocks), "completion block left out")
 
 
 def _altered(token: tokenize.TokenInfo) -> str | None:
@@ -193,21 +169,21 @@ def perturbation_candidates(gt: GroundTruth, instruction: str) -> list[Plan]:
     (latest block first, its last such value first), then the submitted answer off by one.
     Each alters exactly one block, which is the faulty step."""
     plans = []
-    for k in range(len(gt.reference) - 1, -1, -1):
-        block = gt.reference[k]
+    for k in range(len(gt.reference_blocks) - 1, -1, -1):
+        block = gt.reference_blocks[k]
         for token in reversed(_user_values(block, instruction)):
             new = _altered(token)
             if new is not None and new != token.string:
-                blocks = list(gt.reference)
+                blocks = list(gt.reference_blocks)
                 blocks[k] = _replace(block, token, new)
                 plans.append(Plan("perturbed", blocks, k + 1, f"step {k + 1}: {token.string} -> {new}"))
-    for k in range(len(gt.reference) - 1, -1, -1):
-        block = gt.reference[k]
+    for k in range(len(gt.reference_blocks) - 1, -1, -1):
+        block = gt.reference_blocks[k]
         marker = "complete_task(answer="
         if marker in block and block.rstrip().endswith(")"):
             head, expression = block.split(marker, 1)
             expression = expression.rstrip()[:-1]
-            blocks = list(gt.reference)
+            blocks = list(gt.reference_blocks)
             blocks[k] = f"{head}{marker}{_off_by_one(expression)})"
             plans.append(Plan("perturbed", blocks, k + 1, f"step {k + 1}: answer {expression} -> {_off_by_one(expression)}"))
             break
@@ -264,7 +240,7 @@ def build_group(env: Any, task_id: str, truth: GroundTruth | None = None,
                 progress: Callable[[str], None] = lambda message: None) -> Group:
     """The four rollouts of ``task_id``, executed through ``env``. The perturbed one is the
     first candidate alteration whose episode the engine fails."""
-    truth = truth or load_ground_truth(env.unwrapped.source, task_id)
+    truth = truth or env.unwrapped.source.ground_truth(task_id)
     rollouts: list[Rollout] = []
     task: Task | None = None
     for plan in (plan_reference(truth), plan_wrong(truth), plan_truncated(truth)):

@@ -18,6 +18,7 @@ import pytest
 import draco_gym
 from draco_gym.envs.appworld import ensure_offline_suite
 from draco_gym.envs.appworld.runtime import AppWorldRuntime, print_progress
+from draco_gym.envs.appworld.suite import GroundTruth
 from draco_gym.reward import FunctionJudge, build_reward
 from draco_gym.reward.render import escape
 from draco_gym.types import GroupScore, Step, Task, Trajectory, TrajectoryScore, Verdict
@@ -49,7 +50,7 @@ def env(source):
 
 LOGIN = 'token = apis.venmo.login(username="me", password="pw")["access_token"]'
 PAY = 'print(apis.venmo.create_transaction(access_token=token, receiver_email=e, amount=25.57, description="concert tickets"))'
-TRUTH = jq.GroundTruth("pay_1", [LOGIN, "e = 'jo@x.com'", PAY, "apis.supervisor.complete_task()"],
+TRUTH = GroundTruth("pay_1", [LOGIN, "e = 'jo@x.com'", PAY, "apis.supervisor.complete_task()"],
                        [LOGIN, "e = 'al@x.com'", PAY, "apis.supervisor.complete_task()"], "paid the right person")
 INSTRUCTION = "Send $25.57 on Venmo to my coworker Jonah, with the note 'concert tickets'."
 
@@ -57,18 +58,18 @@ INSTRUCTION = "Send $25.57 on Venmo to my coworker Jonah, with the note 'concert
 def test_faulty_step_of_each_kind():
     assert jq.plan_reference(TRUTH).faulty_step is None
     wrong = jq.plan_wrong(TRUTH)
-    assert (wrong.blocks, wrong.faulty_step) == (TRUTH.wrong, 2)
+    assert (wrong.blocks, wrong.faulty_step) == (TRUTH.wrong_blocks, 2)
     truncated = jq.plan_truncated(TRUTH)
     # the completion block is gone; the closing message (step 4) stands where it should be
-    assert truncated.blocks == TRUTH.reference[:3] and truncated.faulty_step == 4
+    assert truncated.blocks == TRUTH.reference_blocks[:3] and truncated.faulty_step == 4
     candidates = jq.perturbation_candidates(TRUTH, INSTRUCTION)
     assert [c.faulty_step for c in candidates] == [3, 3]
     assert 'description="concert ticket")' in candidates[0].blocks[2]
     assert "amount=25.58," in candidates[1].blocks[2]
     for plan in candidates:  # exactly one block altered: the faulty one
-        changed = [i + 1 for i, (a, b) in enumerate(zip(TRUTH.reference, plan.blocks)) if a != b]
+        changed = [i + 1 for i, (a, b) in enumerate(zip(TRUTH.reference_blocks, plan.blocks)) if a != b]
         assert changed == [plan.faulty_step]
-    question = jq.GroundTruth("count_1", [LOGIN, "n = len(apis.venmo.show_friends())", "apis.supervisor.complete_task(answer=n)"],
+    question = GroundTruth("count_1", [LOGIN, "n = len(apis.venmo.show_friends())", "apis.supervisor.complete_task(answer=n)"],
                               [LOGIN, "n = 3", "apis.supervisor.complete_task(answer=n)"], "the answer")
     (answer,) = jq.perturbation_candidates(question, "How many friends do I have on Venmo?")
     assert answer.blocks[2] == "apis.supervisor.complete_task(answer=n + 1)" and answer.faulty_step == 3
@@ -80,12 +81,12 @@ def test_faulty_step_of_each_kind():
 def test_every_suite_task_has_plans_whose_fault_is_the_first_difference(source):
     for split in source.splits:
         for task_id in source.task_ids(split):
-            truth = jq.load_ground_truth(source, task_id)
+            truth = source.ground_truth(task_id)
             instruction = json.loads((source.data_dir / "tasks" / task_id / "specs.json").read_text())["instruction"]
             plans = [jq.plan_wrong(truth), *jq.perturbation_candidates(truth, instruction)]
             assert len(plans) >= 2, task_id
             for plan in plans:
-                assert jq.first_difference(truth.reference, plan.blocks) == plan.faulty_step, (task_id, plan.note)
+                assert jq.first_difference(truth.reference_blocks, plan.blocks) == plan.faulty_step, (task_id, plan.note)
 
 
 def test_groups_executed_on_the_real_engine(env):
@@ -97,7 +98,7 @@ def test_groups_executed_on_the_real_engine(env):
         assert by_kind[kind].success is False, (kind, by_kind[kind].trajectory.metrics)
     assert [r.faulty_step for r in group.rollouts] == [None, 2, 3, 2]
     wrong = by_kind["wrong"].trajectory
-    assert wrong.metrics["failed_requirements"] and wrong.metrics["failed_requirements"][0].startswith(group.truth.fails)
+    assert wrong.metrics["failed_requirements"] and wrong.metrics["failed_requirements"][0].startswith(group.truth.wrong_fails)
     truncated = by_kind["truncated"].trajectory
     assert len(truncated.steps) == 3 and truncated.steps[2].code is None and truncated.steps[2].text == jq.CLOSING
     # real observations: the reference printed the contact it found
