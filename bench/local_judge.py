@@ -19,30 +19,8 @@ import collections
 import re
 import time
 
-import gymnasium as gym
-
+from draco_gym.algos.demo import scripted_episodes
 from draco_gym.reward.answers import STAGES, InvalidAnswer, parse_answer
-
-
-def demo_group(task_id: str):
-    """The demo's three scripted episodes of one PythonTools task."""
-    import draco_gym  # noqa: F401 - registers the environments
-    from draco_gym.algos.demo import AGENTS
-
-    env = gym.make("draco_gym/PythonTools-v0").unwrapped
-    trajectories = []
-    try:
-        for script in AGENTS.values():
-            env.reset(options={"task_id": task_id})
-            order = env.task.instruction.split("order ")[1].split("?")[0]
-            for message in script:
-                _, _, terminated, truncated, info = env.step(message.replace("{order}", order))
-                if terminated or truncated:
-                    break
-            trajectories.append(info["trajectory"])
-    finally:
-        env.close()
-    return trajectories
 
 
 class Logged:
@@ -110,7 +88,7 @@ def main() -> None:
 
     torch.set_num_threads(2)
     judge = TransformersJudge(str(resolve_model(args.model)))
-    trajectories = demo_group(args.task)
+    trajectories = scripted_episodes(args.task)
     print(f"judge {args.model}, task {args.task}, G={len(trajectories)}, mode {args.mode}, k={args.samples}, "
           f"max_tokens {args.max_tokens}, no repairs or retries")
     results = {}

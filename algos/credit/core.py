@@ -51,6 +51,20 @@ def _finite(value: float, name: str) -> float:
     return value
 
 
+def outcome_number(trajectory: Trajectory, key: str, i: int) -> float:
+    """``trajectory.metrics[key]`` (the environment's outcome) as a finite float, or a
+    ValueError naming the trajectory and the metric; the caller decides what a missing
+    metric means."""
+    value = trajectory.metrics[key]
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"trajectories[{i}].metrics[{key!r}] must be a number or bool, got {value!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"trajectories[{i}].metrics[{key!r}] must be finite, got {value}")
+    return value
+
+
 def _counts(values: Sequence[int], name: str, length: int | None = None) -> list[int]:
     if length is not None and len(values) != length:
         raise ValueError(f"{name} has {len(values)} entries, expected one per step ({length})")

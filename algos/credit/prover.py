@@ -52,7 +52,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from draco_gym.algos.credit.core import CreditRule, check_base_advantage
+from draco_gym.algos.credit.core import CreditRule, check_base_advantage, outcome_number
 from draco_gym.reward import stages
 from draco_gym.reward.base import run_sync
 from draco_gym.reward.judge_client import JudgeClient, StageFailed, UsageMeter, as_client
@@ -171,16 +171,7 @@ def _outcome(traj: Trajectory, key: str, i: int) -> float:
         if traj.termination in UNFINISHED:
             return 0.0
         raise ValueError(f"trajectories[{i}].metrics[{key!r}] is missing; ProVer needs an outcome signal")
-    value = traj.metrics[key]
-    if isinstance(value, bool):
-        return float(value)
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"trajectories[{i}].metrics[{key!r}] must be a number or bool, got {value!r}") from None
-    if not math.isfinite(value):
-        raise ValueError(f"trajectories[{i}].metrics[{key!r}] must be finite, got {value}")
-    return value
+    return outcome_number(traj, key, i)
 
 
 def _takes_failures(propose: Callable) -> bool:

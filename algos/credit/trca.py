@@ -59,7 +59,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from draco_gym.algos.credit.core import CreditRule, group_advantages
+from draco_gym.algos.credit.core import CreditRule, group_advantages, outcome_number
 from draco_gym.types import STATE_KEY, GroupScore, Step, Task, Trajectory
 
 __all__ = [
@@ -303,14 +303,7 @@ def _outcome(traj: Trajectory, key: str, i: int) -> float:
             f"from the outcome (the paper's reading). Use an environment that reports {key!r}, name another metric "
             "with outcome_key, or set episode_advantage='reward' and env_reward='none' for an outcome-blind variant"
         )
-    value = traj.metrics[key]
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"trajectories[{i}].metrics[{key!r}] must be a number or bool, got {value!r}") from None
-    if not math.isfinite(value):
-        raise ValueError(f"trajectories[{i}].metrics[{key!r}] must be finite, got {value}")
-    return value
+    return outcome_number(traj, key, i)
 
 
 # -- the registry entry --------------------------------------------------------------------
