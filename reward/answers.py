@@ -122,7 +122,9 @@ MAX_ANSWER_CHARS = 200_000
 
 def extract_json(text: str) -> Any:
     """The JSON object in a reply. Tolerates a Markdown fence or prose around one object,
-    which weaker judges add even when told not to; anything else is an error.
+    which weaker judges add even when told not to; anything else is an error. A raw line
+    break or tab inside a string is read as that character (``strict=False``): llama.cpp's
+    JSON grammar lets them through, and the text is evidence, not syntax.
 
     Work is linear in the reply's length and the reply is capped, so a runaway judge (a
     loop of fences or brackets) costs milliseconds and an ``InvalidAnswer``, not minutes."""
@@ -143,14 +145,14 @@ def extract_json(text: str) -> Any:
         if newline != -1 and newline + 1 <= len(body) - 4:
             body = body[newline + 1 : len(body) - 4].strip()
     try:
-        return json.loads(body)
+        return json.loads(body, strict=False)
     except RecursionError:
         raise InvalidAnswer(["the answer is nested too deeply to be a verdict"]) from None
     except ValueError as first:  # JSONDecodeError, or an integer too long to convert
         start, end = body.find("{"), body.rfind("}")
         if 0 <= start < end:
             try:
-                return json.loads(body[start : end + 1])
+                return json.loads(body[start : end + 1], strict=False)
             except (ValueError, RecursionError):
                 pass
         where = (f" ({first.msg} at line {first.lineno} column {first.colno})"

@@ -35,12 +35,12 @@ def reference_outcome(text: str):
         return ("invalid", None)
     body = reference_body(text)
     try:
-        return ("ok", json.loads(body))
+        return ("ok", json.loads(body, strict=False))
     except ValueError:
         start, end = body.find("{"), body.rfind("}")
         if 0 <= start < end:
             try:
-                return ("ok", json.loads(body[start : end + 1]))
+                return ("ok", json.loads(body[start : end + 1], strict=False))
             except ValueError:
                 pass
         return ("invalid", None)
@@ -60,6 +60,13 @@ def test_fenced_and_prose_wrapped_answers_still_parse():
     assert extract_json('```json\n{"verdicts": []}\n```') == {"verdicts": []}
     assert extract_json('Here it is:\n{"a": 1}\nThanks.') == {"a": 1}
     assert parse_answer("propose", '```\n{"criteria": []}\n```').model_dump()["criteria"] == []
+
+
+def test_raw_line_breaks_and_tabs_inside_strings_are_read():
+    """llama.cpp's JSON grammar lets a raw line break or tab into a string; the text is the
+    judge's evidence, so it is read as written instead of failing the whole answer."""
+    answer = '{"verdicts": [{"criterion": "Submits the total", "verdict": "PASS", "steps": [2],\n "evidence": "step 2:\n\tsubmit(395)"}]}'
+    assert extract_json(answer)["verdicts"][0]["evidence"] == "step 2:\n\tsubmit(395)"
 
 
 def _parse_within(text: str, budget_s: float = 10.0) -> float:
