@@ -11,6 +11,11 @@ subclasses ``CodeStepEnv`` and implements these hooks:
                                     and ``_execute`` it. An environment whose action is not
                                     a code block to run (tau-bench: a tool call or a message
                                     to the customer) overrides this one hook, never ``step``.
+    _state_key_after(code) -> str | None
+                                    (with ``names_states = True``) the state key after a
+                                    block that ran without error, None when it changed
+                                    nothing; ``info["state_key"]`` of each step is then the
+                                    key of the state it was taken in (``envs/state_keys.py``)
 
 An environment whose world lives in another process that can die or hang (an interpreter,
 an engine server) implements ``_run`` and ``_restart`` instead of ``_execute``:
@@ -48,8 +53,9 @@ import numpy as np
 from gymnasium import spaces
 
 from draco_gym.codeblock import DEFAULT_LANGUAGES, MULTI_BLOCK_POLICIES, MultiBlockPolicy, parse_message
+from draco_gym.envs.state_keys import START
 from draco_gym.text import truncate_middle
-from draco_gym.types import Step, Task, Termination, Trajectory
+from draco_gym.types import STATE_KEY, Step, Task, Termination, Trajectory
 
 EndRule = Literal["no_code", "task_completed"]
 END_RULES: tuple[str, ...] = ("no_code", "task_completed")
@@ -177,11 +183,14 @@ class CodeStepEnv(gym.Env[str, str]):
     several code blocks), ``languages`` (accepted fence languages), ``render_mode`` ("ansi").
 
     Subclasses set ``can_restore = True`` when replaying an episode's messages into a fresh
-    episode reproduces its state (needed by ProVer's restarts).
+    episode reproduces its state (needed by ProVer's restarts), and ``names_states = True``
+    when they name the state each step was taken in (``_state_key_after``; TRCA compares
+    steps across a group by it).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
     can_restore: bool = False
+    names_states: bool = False
 
     def __init__(
         self,
@@ -216,6 +225,7 @@ class CodeStepEnv(gym.Env[str, str]):
         self._metrics: dict[str, Any] = {}
         self._counts = {"parse_errors": 0, "exec_errors": 0}
         self._executed: list[str] = []
+        self._state_key = START
 
     # -- hooks ---------------------------------------------------------------------------
 
@@ -265,6 +275,9 @@ class CodeStepEnv(gym.Env[str, str]):
     def _evaluate(self) -> dict[str, Any]:
         return {}
 
+    def _state_key_after(self, code: str) -> str | None:
+        return None
+
     def _act(self, action: str) -> Outcome:
         """One message of the agent: run its code block (``_execute``), or apply the end
         rule to a message without one; a malformed message is an error observation."""
@@ -294,6 +307,7 @@ class CodeStepEnv(gym.Env[str, str]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
         self._executed = []
+        self._state_key = START
         self._task = self._start(seed, dict(options or {}))
         self._steps = []
         self._termination = None
@@ -303,10 +317,15 @@ class CodeStepEnv(gym.Env[str, str]):
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         index = self._begin_step()
+        state_key = self._state_key
         outcome = self._act(action)
         self._counts["parse_errors"] += outcome.parse_error
         self._counts["exec_errors"] += outcome.exec_error
         info: dict[str, Any] = {"task_id": self.task.id, "step": index, **outcome.info}
+        if self.names_states:
+            info[STATE_KEY] = state_key
+            if outcome.code is not None and not outcome.exec_error:
+                self._state_key = self._state_key_after(outcome.code) or state_key
         observation = truncate_middle(outcome.observation, self.max_observation_chars)
         return self._record_step(index, action, outcome.code, observation, info, outcome.termination,
                                  outcome.truncation)

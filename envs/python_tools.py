@@ -29,13 +29,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from draco_gym.envs import os_sandbox
-from draco_gym.envs.base import CodeStepEnv, Execution, Outcome, WorldLost
-from draco_gym.envs.state_keys import START, call_key, last_call
-from draco_gym.types import STATE_KEY, Task
+from draco_gym.envs.base import CodeStepEnv, Execution, WorldLost
+from draco_gym.envs.state_keys import call_key, last_call
+from draco_gym.types import Task
 
 WORKER = os_sandbox.WORKER_SCRIPT
 
@@ -313,6 +312,7 @@ class PythonToolsEnv(CodeStepEnv):
     """
 
     can_restore = True
+    names_states = True
 
     def __init__(
         self,
@@ -352,7 +352,6 @@ class PythonToolsEnv(CodeStepEnv):
         self._answer: Any = None
         self._submitted = False
         self._tool_names = {spec.rpartition(":")[2].rpartition(".")[2] for spec in self._tool_specs}
-        self._state_key = START
 
     @property
     def task_ids(self) -> list[str]:
@@ -399,18 +398,10 @@ class PythonToolsEnv(CodeStepEnv):
         prompt = PROMPT.format(tools=self._tool_docs, instruction=task.instruction)
         return task.model_copy(update={"agent_prompt": prompt})
 
-    def _act(self, action: str) -> Outcome:
-        """The base class's step, plus the state key of the state the step was taken in."""
-        if not self._steps:
-            self._state_key = START
-        key = self._state_key
-        outcome = super()._act(action)
-        if outcome.code is not None and not outcome.exec_error:
-            called = last_call(outcome.code, self._tool_names.__contains__)
-            if called is not None:
-                self._state_key = call_key(*called)
-        outcome.info[STATE_KEY] = key
-        return outcome
+    def _state_key_after(self, code: str) -> str | None:
+        """The last call of one of the tools in the block, with its arguments as written."""
+        called = last_call(code, self._tool_names.__contains__)
+        return None if called is None else call_key(*called)
 
     def _run(self, code: str) -> Execution:
         try:

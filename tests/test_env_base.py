@@ -21,7 +21,7 @@ class Echo(CodeStepEnv):
             return Outcome("Error: not understood.", parse_error=True)
         if action == "stop":
             return Outcome("bye", termination=Termination.AGENT_STOP, info={"said": action})
-        return Outcome("x" * 1000 + action, code=action, info={"said": action}, exec_error=action == "oops")
+        return Outcome("x" * 1000 + action, code=action, info={"said": action}, exec_error="oops" in action)
 
 
 def test_one_hook_gets_the_whole_step():
@@ -48,6 +48,37 @@ def test_the_turn_budget_applies_to_an_overridden_action():
     env.step("a")
     _, _, terminated, truncated, info = env.step("b")
     assert truncated and not terminated and info["trajectory"].termination == Termination.MAX_TURNS
+
+
+# -- state keys ----------------------------------------------------------------------------
+
+
+class Rooms(Echo):
+    """Names its states: a block "go(X)" moves to room X, unless it raised (X contains "oops")."""
+
+    names_states = True
+
+    def _state_key_after(self, code):
+        return code[3:-1] if code.startswith("go(") else None
+
+
+def test_each_step_carries_the_key_of_the_state_it_was_taken_in():
+    """The key changes after a block that ran without error and named a new state; a failed
+    block, a block naming none and a malformed message leave it; reset starts again."""
+    from draco_gym.types import STATE_KEY
+
+    env = Rooms(max_turns=10)
+    env.reset()
+    keys = [env.step(a)[4][STATE_KEY] for a in ["go(hall)", "look", "go(oops)", "bad", "go(kitchen)", "look"]]
+    assert keys == ["start", "hall", "hall", "hall", "hall", "kitchen"]
+    env.reset()
+    assert env.step("look")[4][STATE_KEY] == "start"
+    assert STATE_KEY not in _first_info(Echo())  # an env that names no states adds no key
+
+
+def _first_info(env):
+    env.reset()
+    return env.step("go(hall)")[4]
 
 
 # -- restart and replay -------------------------------------------------------------------

@@ -27,10 +27,10 @@ from draco_gym.codeblock import DEFAULT_LANGUAGES, MultiBlockPolicy
 from draco_gym.envs.appworld.runtime import AppWorldRuntime, print_progress
 from draco_gym.envs.appworld.server import EnvServer, RemoteError, ServerDied, ServerError, ServerPool
 from draco_gym.envs.appworld.suite import TaskSource, resolve_source
-from draco_gym.envs.base import CodeStepEnv, EndRule, Execution, Outcome, WorldLost
+from draco_gym.envs.base import CodeStepEnv, EndRule, Execution, WorldLost
 from draco_gym.envs.os_sandbox import SandboxMode, check_mode
-from draco_gym.envs.state_keys import START, last_call
-from draco_gym.types import STATE_KEY, Task
+from draco_gym.envs.state_keys import last_call
+from draco_gym.types import Task
 
 PROMPT = """\
 You are an autonomous agent working for {first_name} {last_name} (email {email}, phone {phone_number}) \
@@ -122,6 +122,7 @@ class AppWorldEnv(CodeStepEnv):
     """
 
     can_restore = True
+    names_states = True
 
     def __init__(
         self,
@@ -162,7 +163,6 @@ class AppWorldEnv(CodeStepEnv):
         self.grace_s = grace_s
         self._server: EnvServer | None = None
         self.recoveries = 0
-        self._state_key = START
 
     def reference_messages(self, task_id: str) -> list[str]:
         """The assistant messages of ``task_id``'s reference solution under this env's end
@@ -207,18 +207,10 @@ class AppWorldEnv(CodeStepEnv):
             },
         )
 
-    def _act(self, action: str) -> Outcome:
-        """The base class's step, plus the state key of the state the step was taken in."""
-        if not self._steps:
-            self._state_key = START
-        key = self._state_key
-        outcome = super()._act(action)
-        if outcome.code is not None and not outcome.exec_error:
-            called = last_call(outcome.code, lambda name: name.startswith("apis.") and name.count(".") == 2)
-            if called is not None:
-                self._state_key = called[0].removeprefix("apis.")
-        outcome.info[STATE_KEY] = key
-        return outcome
+    def _state_key_after(self, code: str) -> str | None:
+        """The last ``apis.<app>.<api>`` call in the block, as ``<app>.<api>``."""
+        called = last_call(code, lambda name: name.startswith("apis.") and name.count(".") == 2)
+        return None if called is None else called[0].removeprefix("apis.")
 
     def _execute(self, code: str) -> Execution:
         if not self._server_alive() and self._recover() is not None:
