@@ -149,6 +149,45 @@ class CreditSection(NamedSection):
             raise ValueError(CREDIT_RULES.unknown(value))
         return value
 
+    @field_validator("options")
+    @classmethod
+    def _options_taken(cls, value, info):
+        if "name" in info.data:  # else the name's own error says what is wrong
+            check_credit_options(info.data["name"], value)
+        return value
+
+
+# What only the trainer supplies, or what reaches outside when built (a judge's client), stood
+# in for while a config's credit options are checked.
+_TRAINER_INPUTS = {"continue_fn": lambda *args: [], "reference_model": "the policy's base model",
+                   "propose": lambda *args: (None, "")}
+
+
+def check_credit_options(name: str, options: dict[str, Any]) -> None:
+    """Every option is one the rule takes, with a value it accepts: checked where the config
+    is read, by building the rule once, not when the first iteration builds it on the driver
+    after the env runners have sampled."""
+    import difflib
+    import inspect
+
+    from draco_gym.algos.credit import CREDIT_RULES
+
+    factory = CREDIT_RULES.get(name)
+    params = inspect.signature(factory).parameters
+    taken = sorted(p for p in params if p != "turns_without_code")
+    for key in options:
+        if key not in taken:
+            hint = difflib.get_close_matches(key, taken, n=1)
+            raise ValueError(f"credit {name!r} takes no option {key!r}"
+                             + (f"; did you mean {hint[0]!r}?" if hint else "")
+                             + (f"; its options: {', '.join(taken)}" if taken else "; it takes none"))
+    trial = {k: v for k, v in options.items() if k not in ("judge", "judge_options")}
+    trial.update({k: v for k, v in _TRAINER_INPUTS.items() if k in params and trial.get(k) is None})
+    try:
+        factory(**trial)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"credit {name!r}: {exc}") from None
+
 
 class LossConfig(_Section):
     """The policy loss's knobs (``algos/loss.py``)."""

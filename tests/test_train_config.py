@@ -56,6 +56,10 @@ def test_ablations_change_only_what_they_ablate():
         ({"env": {"id": "draco_gym/PythonTool-v0"}}, ["env.id", "draco_gym/PythonTools-v0"]),
         ({"reward": {"name": "dynamic", "options": {"judge": {"name": "openai", "api_key": "sk-123"}}}},
          ["reward.options.judge.api_key", "api_key_env"]),
+        ({"credit": {"name": "trca", "options": {"gama": 0.9}}}, ["credit", "'trca'", "'gama'", "did you mean 'gamma'"]),
+        ({"credit": {"name": "trca", "options": {"lam": 1.5}}}, ["credit", "lam", "less than or equal to 1"]),
+        ({"credit": {"name": "draco", "options": {"lam": 0.5}}}, ["credit", "'draco'", "'lam'", "takes none"]),
+        ({"reward": {"name": "outcome"}, "credit": {"name": "trace", "options": {"K": 0}}}, ["credit", "'trace'", "K"]),
     ],
 )
 def test_bad_config_names_the_key(tmp_path, patch, words):
@@ -134,6 +138,8 @@ def test_every_knob_is_declared_once_with_a_meaning():
         (lambda c: c.training(group_size=1), ["GRPOConfig", "group_size", "greater than or equal to 2"]),
         (lambda c: c.training(credit="drako"), ["credit", "'drako'", "did you mean 'draco'"]),
         (lambda c: c.training(dual_clip=0.5), ["dual_clip", "> 1"]),
+        (lambda c: c.training(credit="trca", credit_options={"step_weigth": 2.0}),
+         ["credit_options", "did you mean 'step_weight'"]),
         (lambda c: c.training(reward_options={"judge": {"api_key": "sk-123"}}), ["reward_options", "api_key_env"]),
         (lambda c: c.policy(model=None), ["policy_model is not set", ".policy(model=...)"]),
         (lambda c: c.environment(None), ["env is not set", ".environment(env=...)"]),
