@@ -20,13 +20,16 @@ On top of it:
   uniform  a_j = A_i
   draco    draco_credit from the judge's (noisy) citations
   trace    trace_credit with l_k from a frozen reference (the initial policy's log-probability
-           of success after the prefix, floored at 1e-3, plus N(0, 0.5^2) model noise), A_out = A_i
+           of success after the prefix, floored at 1e-3, plus N(0, 0.5^2) model noise), A_out the
+           group advantage of success (the paper's verifiable outcome)
   prover   the ProVer rule: eligibility, a judge-proposed segment of the shortest success
            (a true decision inside it with probability 1 - p), K = 8 continuations of the
-           current policy from each restored boundary; continuation episodes count as episodes
+           current policy from each restored boundary; continuation episodes count as episodes;
+           the base advantage is the group advantage of success (the paper's)
   trca     trca_credit from a rule rubric that sees transitions, not outcomes: Execution items
            fire on a decision handled well (0.8) or badly (0.4), Invalidity on a bad one (0.5),
-           Evidence on filler (0.3)
+           Evidence on filler (0.3); as the paper, A_i is the outcome's group advantage (0 in
+           a group without a success) and the outcome arrives as r_env at the last step
 
 The policy is tabular softmax, one logit row per step, trained by the token-mean policy
 gradient sum_ij n_ij a_ij grad log pi(a_ij) / sum_ij n_ij, groups of G = 6, 4 groups per update.
@@ -57,7 +60,7 @@ import numpy as np
 from draco_gym.algos.credit import draco_credit, group_advantages
 from draco_gym.algos.credit.prover import apply_segment_bonus, prover_delta, prover_eligible, validate_segment
 from draco_gym.algos.credit.trace import TraceParams, trace_credit
-from draco_gym.algos.credit.trca import RuleFamily, trca_credit
+from draco_gym.algos.credit.trca import RuleFamily, outcome_advantages, trca_credit
 
 RULES: tuple[str, ...] = ("uniform", "draco", "trace", "prover", "trca")
 
@@ -215,18 +218,22 @@ def group_credit(rule: str, task: SyntheticTask, probs: np.ndarray, actions: np.
     adv = group_advantages(rewards.tolist())
     T = actions.shape[1]
     extra = 0
+    success = good.all(axis=1).astype(float)
     if rule == "uniform":
         out = np.repeat(np.asarray(adv)[:, None], T, axis=1)
     elif rule == "draco":
         out = np.array([draco_credit(a, tokens[i].tolist(), passes[i].tolist(), fails[i].tolist()) for i, a in enumerate(adv)])
-    elif rule == "trace":
+    elif rule == "trace":  # A_out: the outcome's group advantage, as the paper
         logp = reference_logprobs(task, good, cfg, rng)
-        out = np.array([trace_credit(logp[i].tolist(), a, TraceParams()) for i, a in enumerate(adv)])
-    elif rule == "trca":
-        out = np.array(trca_credit(rule_hits(task, good, cfg, rng), adv, families=trca_families(cfg)))
-    elif rule == "prover":
-        out = np.repeat(np.asarray(adv)[:, None], T, axis=1)
-        success = good.all(axis=1).astype(float)
+        a_out = group_advantages(success.tolist())
+        out = np.array([trace_credit(logp[i].tolist(), a, TraceParams()) for i, a in enumerate(a_out)])
+    elif rule == "trca":  # the paper's: A_i from the outcome (0 without a success), r_env = outcome at the end
+        env = np.zeros((len(success), T))
+        env[:, -1] = success
+        out = np.array(trca_credit(rule_hits(task, good, cfg, rng), outcome_advantages(success.tolist()),
+                                   families=trca_families(cfg), env_rewards=env.tolist()))
+    elif rule == "prover":  # the GRPO advantage of success, as the paper
+        out = np.repeat(np.asarray(group_advantages(success.tolist()))[:, None], T, axis=1)
         if prover_eligible(success.tolist()):
             star = int(np.flatnonzero(success)[0])  # all rollouts have T steps: the first success
             length = int(rng.integers(1, cfg.prover_max_len + 1))
