@@ -38,7 +38,8 @@ def episode_summary(groups: Sequence[dict], success_metric: str = "success") -> 
     """The user-facing rates of a set of evaluation episodes (``GRPO.rollout`` groups):
 
     success_rate         episodes whose ``metrics[success_metric]`` is true
-    rubric_pass_rate     PASS verdicts among PASS + FAIL, when the groups were scored
+    rubric_pass_rate     PASS verdicts among PASS + FAIL over the whole rubric (criteria
+                         that dropout removed included), when the groups were scored
     well_formed_turns    turns that carried one well-formed code block
     raised_blocks        executed blocks whose execution raised
     """
@@ -56,7 +57,7 @@ def episode_summary(groups: Sequence[dict], success_metric: str = "success") -> 
     }
     scores = [g["score"] for g in groups if g.get("score") is not None]
     if scores:
-        passes = sum(s.p for g in scores for s in g.scores)
+        passes = sum(s.p + s.dropped_passes for g in scores for s in g.scores)
         fails = sum(s.f for g in scores for s in g.scores)
         out["rubric_pass_rate"] = share(passes, passes + fails)
     return out

@@ -53,7 +53,7 @@ def iteration_metrics(groups: Sequence[dict], batch, timers: dict[str, float], t
         for traj, ts in zip(group["trajectories"], score.scores):
             terminations[traj.termination] += 1
             turns.append(len(traj.steps))
-            passes, fails = passes + ts.p, fails + ts.f
+            passes, fails = passes + ts.p + ts.dropped_passes, fails + ts.f  # the whole rubric, dropped criteria too
             for key, value in traj.metrics.items():
                 if isinstance(value, (bool, int, float)):
                     env_metrics.setdefault(key, []).append(float(value))

@@ -179,12 +179,17 @@ def rubric_reward(passes: int, fails: int) -> float:
 
 
 class TrajectoryScore(_Model):
-    """Verdicts for one trajectory over the group's surviving criteria, and its reward."""
+    """Verdicts for one trajectory over the group's surviving criteria, and its reward.
+
+    ``dropped_passes`` counts its PASS verdicts on criteria that dropout removed (they carry
+    no reward, but a pass rate over the whole rubric needs them: in a group that solves the
+    task, dropout keeps only the criteria somebody failed)."""
 
     verdicts: list[Verdict] = Field(default_factory=list)
     p: int = Field(default=0, ge=0)
     f: int = Field(default=0, ge=0)
     reward: float = 0.0
+    dropped_passes: int = Field(default=0, ge=0)
 
     @field_validator("reward")
     @classmethod

@@ -118,7 +118,8 @@ def finalize_group(
         kept, dropped = list(range(len(criteria))), []
     return GroupScore(
         criteria=[criteria[j] for j in kept],
-        scores=[TrajectoryScore.from_verdicts([row[j] for j in kept]) for row in verdicts],
+        scores=[TrajectoryScore.from_verdicts([row[j] for j in kept]).model_copy(
+            update={"dropped_passes": sum(row[j].score == 1 for j in dropped)}) for row in verdicts],
         dropped=[criteria[j].title for j in dropped],
         usage=dict(usage or {}),
         fallbacks=list(fallbacks or []),

@@ -60,6 +60,7 @@ class WeightedReward(RubricReward):
             verdicts = [v for g in groups for v in g.scores[i].verdicts]
             scores.append(TrajectoryScore(
                 verdicts=verdicts, p=sum(g.scores[i].p for g in groups), f=sum(g.scores[i].f for g in groups),
+                dropped_passes=sum(g.scores[i].dropped_passes for g in groups),
                 reward=sum(w * g.scores[i].reward for (_, _, w), g in zip(self.parts, groups))))
         return GroupScore(
             criteria=[c for g in groups for c in g.criteria],

@@ -66,3 +66,22 @@ def test_no_update_note_counts_flat_iterations():
     assert no_update_note(rows) == "no update in 2 of 3 iterations: every group had equal rewards"
     assert no_update_note([{"credit/groups_with_spread": 1}]) is None
     assert no_update_note([{}]) is None  # older metrics without the count: no claim
+
+
+def test_rubric_pass_rate_counts_the_criteria_dropout_removed():
+    """Two episodes, three criteria: "Solves" passed by both (dropout removes it: it tells
+    them apart in nothing), "Is brief" failed by one, "Cites data" N/A for both. The rubric
+    pass rate is over the whole rubric: 3 PASS of 4 PASS + FAIL, not 1 of 2 (the kept one)."""
+    from draco_gym.reward import finalize_group
+    from draco_gym.types import Criterion, Task, Trajectory, Verdict
+
+    criteria = [Criterion(title=t) for t in ("Solves", "Is brief", "Cites data")]
+    rows = [[Verdict(criterion="Solves", score=1), Verdict(criterion="Is brief", score=1), Verdict(criterion="Cites data", score=0)],
+            [Verdict(criterion="Solves", score=1), Verdict(criterion="Is brief", score=-1), Verdict(criterion="Cites data", score=0)]]
+    score = finalize_group(criteria, rows)
+    assert [c.title for c in score.criteria] == ["Is brief"] and set(score.dropped) == {"Solves", "Cites data"}
+    assert [s.dropped_passes for s in score.scores] == [1, 1] and score.rewards == [1.0, -1.0]
+    task = Task(id="t", instruction="do it")
+    groups = [{"trajectories": [Trajectory(task=task), Trajectory(task=task)], "score": score}]
+    rate = episode_summary(groups)["rubric_pass_rate"]
+    assert (rate["k"], rate["n"]) == (3, 4)

@@ -34,6 +34,9 @@ def test_weighted_sum_of_rule_and_outcome():
         assert math.isclose(combined.rewards[i], 0.25 * rule.rewards[i] + 2.0 * outcome.rewards[i])
         # the rule part's verdicts (and their step citations) are kept for DRACO credit
         assert combined.scores[i].verdicts == rule.scores[i].verdicts
+        # and the passes on criteria dropout removed, which the rubric pass rate counts
+        assert combined.scores[i].dropped_passes == rule.scores[i].dropped_passes
+    assert sum(s.dropped_passes for s in rule.scores) > 0
     assert combined.criteria == rule.criteria
     # the outcome part's missing metric is a fallback, named by its part
     assert combined.fallbacks == [f"outcome: {f}" for f in outcome.fallbacks] and combined.fallbacks
