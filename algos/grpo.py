@@ -229,6 +229,9 @@ class GRPO(Algorithm):
                    "temperature": temperature} for i, shard in enumerate(shards)]
         outs = self.env_runner_group.foreach_env_runner("sample", local_env_runner=False, remote_worker_ids=list(ids),
                                                         kwargs=kwargs)
+        if len(outs) != len(ids):  # a runner lost without a Ray error (a dead one raises its own)
+            raise RuntimeError(f"{len(ids) - len(outs)} of {len(ids)} env runners returned no episodes; "
+                               "see the Ray logs (a runner killed by Ray's memory monitor says so there)")
         self._sampled_on = list(ids)
         # Which weights each runner sampled with: the newest, after a sync (tests check it).
         self.sampled_weights = {i: {"seq_no": out[WEIGHTS_SEQ_NO], "digest": out["weights_digest"],

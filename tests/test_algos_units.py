@@ -363,3 +363,17 @@ def test_policy_judge_answers_with_the_policy_and_plugs_into_the_dynamic_reward(
     reward = build_trainer_reward("dynamic", {"judge": "policy", "self_judge": True}, runner)
     assert isinstance(reward, DynamicRubricReward)
     assert isinstance(reward.client.judge, PolicyJudge) and reward.client.judge.runner is runner
+
+
+def test_sample_names_env_runners_that_returned_nothing():
+    """A runner that returns no episodes without a Ray error is named, not an IndexError
+    further on (the driver's loop reads the first runner's timers)."""
+    from types import SimpleNamespace
+
+    from draco_gym.algos.grpo import GRPO
+
+    runners = SimpleNamespace(healthy_env_runner_ids=lambda: [1, 2],
+                              foreach_env_runner=lambda *args, **kwargs: [])
+    algo = SimpleNamespace(env_runner_group=runners, config=SimpleNamespace(group_size=2))
+    with pytest.raises(RuntimeError, match="2 of 2 env runners returned no episodes"):
+        GRPO.sample(algo, ["a", "b"], seed=0)
