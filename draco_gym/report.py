@@ -37,7 +37,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from draco_gym.metrics import finite_number
+from draco_gym.metrics import finite_number, group_advantages
 
 # What the judge reads of a step by default (draco_gym.reward.render.render_trajectory's
 # max_message_chars and max_observation_chars; a test keeps the two in step). A longer
@@ -130,19 +130,6 @@ def env_success(metrics: dict[str, Any]) -> bool | None:
     if finite_number(passed) is not None and finite_number(total):
         return passed == total
     return None
-
-
-def group_advantages(rewards: list[float], eps: float = 1e-6) -> list[float]:
-    """GRPO's A_i = (R_i - mean R) / (std R + eps), population std: the formula of
-    draco_gym.algos.credit.group_advantages (the core does not import the training layer;
-    a test checks the two agree)."""
-    if not rewards:
-        return []
-    mean = sum(rewards) / len(rewards)
-    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-    if std <= 1e-12:
-        return [0.0] * len(rewards)
-    return [(r - mean) / (std + eps) for r in rewards]
 
 
 def cap_text(text: str, limit: int, where: str) -> tuple[str, int]:

@@ -32,6 +32,7 @@ from typing import Protocol
 
 import numpy as np
 
+from draco_gym.metrics import group_advantages as group_advantages  # re-exported: the report uses the same A_i
 from draco_gym.types import GAP, GroupScore, Trajectory, TrajectoryScore
 
 
@@ -147,24 +148,6 @@ def from_credit_steps(step_advantages: Sequence[float], owners: Sequence[int | N
     if len(step_advantages) != len(owners):
         raise ValueError(f"the rule gave {len(step_advantages)} step advantages for {len(owners)} steps")
     return [float(advantage) if owner is None else float(step_advantages[owner - 1]) for owner in owners]
-
-
-# -- group advantage -----------------------------------------------------------------------
-
-
-def group_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
-    """GRPO's A_i = (R_i - mean R) / (std R + eps), population std over the group.
-
-    A group whose rewards are all equal carries no signal: every A_i is 0.
-    """
-    r = [_finite(x, f"rewards[{i}]") for i, x in enumerate(rewards)]
-    if not r:
-        return []
-    mean = sum(r) / len(r)
-    std = math.sqrt(sum((x - mean) ** 2 for x in r) / len(r))
-    if std <= 1e-12:
-        return [0.0] * len(r)
-    return [(x - mean) / (std + eps) for x in r]
 
 
 # -- per-step rules ------------------------------------------------------------------------
