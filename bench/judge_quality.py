@@ -29,6 +29,8 @@ order, and the bench reports:
 
     python bench/judge_quality.py                      # local SmolLM2-135M judge, 1 group
     python bench/judge_quality.py --groups 4 --mode separate
+    python bench/judge_quality.py --groups 2 --scorings 1 --json out.json   # cheaper: no agreement
+    python bench/judge_quality.py --report out.json                         # the table again, no scoring
     python bench/judge_quality.py --base-url http://127.0.0.1:8000/v1 --model Qwen/Qwen3-32B \\
         --api-key-env MY_KEY --price 0.1 0.3 --groups 16
 
@@ -47,6 +49,11 @@ import re
 import sys
 import time
 import tokenize
+
+# OpenMP threads that spin while they wait for work fight the other processes on a busy
+# CPU: on 2 shared cores SmolLM2 decoded 1.2 tokens/s with spinning threads and 9.3 with
+# sleeping ones. Read when torch loads, so set before anything imports it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -64,6 +71,10 @@ KINDS = ("reference", "wrong", "truncated", "perturbed")
 FAULTY_KINDS = KINDS[1:]
 CLOSING = "The task is done."
 SMALL_MODEL = "smollm2-135m-instruct"
+LOCAL_LIMITS = {"max_tokens": 768, "max_proposed": 6, "max_augmented": 2, "max_criteria": 8}
+"""The local judge's rubric size and answer budget (as in the self-judge quickstart and
+bench/local_judge.py): the reward's defaults (15 proposed criteria, 10 added per rollout)
+make a constrained answer need about 3,000 tokens, minutes each on a CPU."""
 
 
 # -- ground truth and groups ----------------------------------------------------------------
@@ -372,15 +383,25 @@ class GroupResult:
     cost: float
     wall_s: float
     fallback_reasons: list[str] = field(default_factory=list)
+    execute_s: float = 0.0  # building the group on the AppWorld engine
+
+    @classmethod
+    def from_json(cls, data: dict) -> GroupResult:
+        """A result as ``--json`` saved it."""
+        return cls(**{**data, "citations": Citations(**data["citations"]), "agreement": tuple(data["agreement"])})
 
 
-def score_group(make_reward: Callable[[], Any], group: Group, mode: str, samples: int = 1) -> GroupResult:
+def score_group(make_reward: Callable[[], Any], group: Group, mode: str, samples: int = 1,
+                scorings: int = 2) -> GroupResult:
     """Score ``group`` twice (the second time with a fresh reward and the rollouts reversed)
-    and measure it against its ground truth."""
+    and measure it against its ground truth. ``scorings=1`` scores once: half the judge
+    time, no verdict agreement."""
+    if scorings not in (1, 2):
+        raise ValueError(f"scorings must be 1 or 2, got {scorings}")
     trajectories = [r.trajectory for r in group.rollouts]
     kinds = [r.kind for r in group.rollouts]
     faulty = [r.faulty_step for r in group.rollouts]
-    orders = [list(range(len(trajectories))), list(reversed(range(len(trajectories))))]
+    orders = [list(range(len(trajectories))), list(reversed(range(len(trajectories))))][:scorings]
     scores, start = [], time.perf_counter()
     for order in orders:
         scored = make_reward().score_group(group.task, [trajectories[i] for i in order])
@@ -394,7 +415,7 @@ def score_group(make_reward: Callable[[], Any], group: Group, mode: str, samples
         task_id=group.task.id, kinds=kinds, faulty_steps=faulty,
         engine_success=[r.success for r in group.rollouts], notes=[r.note for r in group.rollouts],
         rewards=[s.rewards for s in scores], ordering=[orderings(s.rewards, kinds) for s in scores],
-        citations=counts, agreement=verdict_agreement(*scores),
+        citations=counts, agreement=verdict_agreement(*scores) if len(scores) == 2 else (0, 0),
         fallbacks=sum(stage_fallbacks(s) for s in scores),
         requests=len(scores) * stage_requests(len(trajectories), mode, samples),
         zeroed=sum(any(r.startswith("group:") for r in s.fallbacks) for s in scores),
@@ -414,8 +435,11 @@ def _num(value: float | None) -> str:
 
 def report(results: Sequence[GroupResult], judge_label: str, mode: str) -> list[str]:
     """The table and, last, the headline."""
-    lines = [f"judge: {judge_label}; mode {mode}; each group scored twice (second: fresh caches, rollouts reversed)",
-             "", "per group (rewards: reference / wrong / truncated / perturbed, scoring 1 | scoring 2)"]
+    scorings = max((len(r.rewards) for r in results), default=2)
+    how = ("each group scored twice (second: fresh caches, rollouts reversed)" if scorings == 2
+           else "each group scored once (no verdict agreement)")
+    lines = [f"judge: {judge_label}; mode {mode}; {how}", "",
+             f"per group (rewards: reference / wrong / truncated / perturbed{', scoring 1 | scoring 2' if scorings == 2 else ''})"]
     for r in results:
         rewards = " | ".join(" / ".join(f"{x:+.2f}" for x in row) for row in r.rewards)
         ok = sum(v for o in r.ordering for v in o.values())
@@ -447,12 +471,16 @@ def report(results: Sequence[GroupResult], judge_label: str, mode: str) -> list[
                                                        f"({agree}/{compared} shared verdicts)"),
         ("fallback rate (stage requests)", f"{_pct(sum(r.fallbacks for r in results) / max(sum(r.requests for r in results), 1))} "
                                            f"({sum(r.fallbacks for r in results)}/{sum(r.requests for r in results)}); "
-                                           f"scorings left all-zero: {sum(r.zeroed for r in results)}/{2 * len(results)}"),
-        ("calls per group (two scorings)", f"{sum(r.calls for r in results) / n:.1f}"),
+                                           f"scorings left all-zero: {sum(r.zeroed for r in results)}/"
+                                           f"{sum(len(r.rewards) for r in results)}"),
+        (f"calls per group ({'two scorings' if scorings == 2 else 'one scoring'})", f"{sum(r.calls for r in results) / n:.1f}"),
         ("prompt / completion tokens per group", f"{sum(r.prompt_tokens for r in results) / n:.0f} / "
                                                  f"{sum(r.completion_tokens for r in results) / n:.0f}"),
         ("cost per group", f"${sum(r.cost for r in results) / n:.4f}"),
         ("judge wall time per group", f"{sum(r.wall_s for r in results) / n:.1f} s"),
+        ("completion tokens per judge second", f"{sum(r.completion_tokens for r in results) / max(sum(r.wall_s for r in results), 1e-9):.1f}"
+                                               " (prompt reading included)"),
+        ("AppWorld execution per group (4 rollouts)", f"{sum(r.execute_s for r in results) / n:.1f} s"),
     ]
     reasons = list(dict.fromkeys(reason.split(";")[0][:160] for r in results for reason in r.fallback_reasons))
     if reasons:
@@ -508,9 +536,14 @@ def make_judge(args: argparse.Namespace) -> tuple[Any, str]:
     from draco_gym.algos.models import resolve_model
     from draco_gym.reward import TransformersJudge
 
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     name = args.model or SMALL_MODEL
     judge = TransformersJudge(resolve_model(name), name=name)
-    return judge, f"{name}, local in-process on {judge.device} (a small model's figures)"
+    return judge, (f"{name}, local in-process on {judge.device}, rubric of at most {args.max_criteria} criteria "
+                   f"(a small model's figures)")
 
 
 def select_tasks(source: Any, split: str, tasks: str | None, groups: int) -> list[str]:
@@ -545,21 +578,64 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--structured-output", help="the endpoint judge's structured_output option (default: its own)")
     parser.add_argument("--price", type=float, nargs=2, metavar=("IN", "OUT"),
                         help="USD per 1M prompt and completion tokens, for the cost column")
-    parser.add_argument("--max-tokens", type=int, default=512, help="judge tokens per answer (default 512)")
+    parser.add_argument("--max-tokens", type=int,
+                        help=f"judge tokens per answer (default 512; the local judge {LOCAL_LIMITS['max_tokens']})")
+    for flag in ("max_proposed", "max_augmented", "max_criteria"):
+        parser.add_argument(f"--{flag.replace('_', '-')}", type=int,
+                            help=f"the rubric's {flag} (default: the reward's own; the local judge {LOCAL_LIMITS[flag]})")
     parser.add_argument("--max-repairs", type=int, default=1, help="repair requests per invalid answer (default 1)")
-    parser.add_argument("--concurrency", type=int, default=4, help="judge requests in flight (default 4)")
+    parser.add_argument("--concurrency", type=int,
+                        help="judge requests in flight (default: 4 for an endpoint, 1 for the local judge, which "
+                             "answers one at a time: queued calls would only eat into their deadline)")
+    parser.add_argument("--scorings", type=int, choices=(1, 2), default=2,
+                        help="scorings per group (default 2; 1 halves the judge time and drops verdict agreement)")
+    parser.add_argument("--threads", type=int, help="torch threads of the local judge (default: torch's)")
+    parser.add_argument("--report", dest="report_path", metavar="JSON",
+                        help="print the table of results a --json run saved, scoring nothing")
     parser.add_argument("--request-timeout", type=float, default=300.0, help="seconds per endpoint request")
     parser.add_argument("--json", dest="json_path", help="also write the per-group results here")
     args = parser.parse_args(argv)
     if args.groups < 1:
         parser.error(f"--groups must be >= 1, got {args.groups}")
+    for flag, local in LOCAL_LIMITS.items():
+        value = getattr(args, flag)
+        if value is None and not args.base_url:
+            setattr(args, flag, local)
+        elif value is not None and value < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    if args.max_tokens is None:
+        args.max_tokens = 512
     if args.max_tokens < 16:
         parser.error(f"--max-tokens must be >= 16, got {args.max_tokens}")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
+    if args.concurrency is None:
+        args.concurrency = 4 if args.base_url else 1
+    elif args.concurrency < 1:
+        parser.error(f"--concurrency must be >= 1, got {args.concurrency}")
     return args
+
+
+def reprint(path: str) -> list[str]:
+    """The table of a saved run (``--json``, with its judge label and mode)."""
+    try:
+        saved = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SystemExit(f"--report {path}: cannot read saved results ({exc})") from None
+    if not isinstance(saved, dict) or "groups" not in saved:
+        raise SystemExit(f"--report {path}: not a file written by --json")
+    return report([GroupResult.from_json(g) for g in saved["groups"]], saved["judge"], saved["mode"])
+
+
+def save(path: str, results: Sequence[GroupResult], label: str, mode: str) -> None:
+    Path(path).write_text(json.dumps({"judge": label, "mode": mode, "groups": [asdict(r) for r in results]}, indent=1))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.report_path:
+        print("\n".join(reprint(args.report_path)))
+        return 0
 
     import gymnasium as gym
 
@@ -579,22 +655,29 @@ def main(argv: list[str] | None = None) -> int:
         prices = {judge.model: list(args.price)} if args.price else {}
 
         def make_reward():
+            limits = {k: getattr(args, k) for k in ("max_proposed", "max_augmented", "max_criteria")
+                      if getattr(args, k) is not None}
             return build_reward("dynamic", judge=judge, mode=args.mode, max_tokens=args.max_tokens,
-                                max_repairs=args.max_repairs, max_concurrency=args.concurrency, prices=prices)
+                                max_repairs=args.max_repairs, max_concurrency=args.concurrency, prices=prices,
+                                **limits)
 
         results = []
         for n, task_id in enumerate(task_ids, start=1):
             say(f"[group {n}/{len(task_ids)}] {task_id}: executing 4 rollouts on the AppWorld engine")
+            start = time.perf_counter()
             group = build_group(env, task_id, progress=say)
-            say(f"[group {n}/{len(task_ids)}] {task_id}: scoring twice with {label}")
-            result = score_group(make_reward, group, args.mode)
+            executed = time.perf_counter() - start
+            say(f"[group {n}/{len(task_ids)}] {task_id}: executed in {executed:.0f} s; scoring "
+                f"{'twice' if args.scorings == 2 else 'once'} with {label}")
+            result = score_group(make_reward, group, args.mode, scorings=args.scorings)
+            result.execute_s = executed
             say(f"[group {n}/{len(task_ids)}] done in {result.wall_s:.0f} s: rewards {result.rewards}, "
                 f"{result.fallbacks} fallbacks")
             results.append(result)
+            if args.json_path:  # after every group: a long run stopped early keeps what it measured
+                save(args.json_path, results, label, args.mode)
     finally:
         env.close()
-    if args.json_path:
-        Path(args.json_path).write_text(json.dumps([asdict(r) for r in results], indent=1))
     print("\n".join(report(results, label, args.mode)))
     return 0
 

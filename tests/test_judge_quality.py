@@ -222,6 +222,13 @@ def test_score_group_with_a_function_judge():
                                                  max_repairs=0, retries=0), group, "fused")
     assert broken.fallbacks == 2 * (1 + 4 + 1 + 4) and broken.zeroed == 2
     assert broken.rewards == [[0.0] * 4] * 2 and broken.citations.precision is None
+    # one scoring: half the calls, no agreement to measure, and the table says so
+    once = jq.score_group(lambda: build_reward("dynamic", judge=judge, mode="fused"), group, "fused", scorings=1)
+    assert once.rewards == [[1.0, -1.0, 0.0, 0.0]] and once.calls == once.requests == 10
+    assert once.agreement == (0, 0) and (once.citations.hits, once.citations.cited) == (2, 4)
+    table = "\n".join(jq.report([once], "scripted", "fused"))
+    assert "scored once" in table and "agreement n/a" in table.splitlines()[-1]
+    assert "ordering accuracy 100%" in table.splitlines()[-1]
 
 
 # -- the bench end to end -------------------------------------------------------------------
@@ -250,12 +257,63 @@ def test_bench_end_to_end_against_an_openai_protocol_server(monkeypatch, capsys,
     # per scoring: FAIL cites wrong {4}, truncated {3} (its fault), perturbed {4}
     assert lines[-1].startswith("headline (test-judge at ")
     assert "ordering accuracy 100%, citation F1 0.33 (P 0.33, R 0.33), agreement 100%, fallbacks 0%" in lines[-1]
-    (saved,) = json.loads(out.read_text())
+    run = json.loads(out.read_text())
+    (saved,) = run["groups"]
     assert saved["engine_success"] == [True, False, False, False] and saved["faulty_steps"] == [None, 2, 3, 2]
-    assert saved["cost"] > 0 and saved["calls"] == 20
+    assert saved["cost"] > 0 and saved["calls"] == 20 and saved["execute_s"] > 0
+    # --report prints the saved run's table again, scoring nothing
+    assert jq.main(["--report", str(out)]) == 0
+    assert capsys.readouterr().out.strip().splitlines() == lines
 
 
-def test_bad_flags_are_clear_errors(capsys):
+def test_bad_flags_are_clear_errors(capsys, tmp_path):
     with pytest.raises(SystemExit):
         jq.parse_args(["--groups", "0"])
     assert "--groups must be >= 1" in capsys.readouterr().err
+    for flag in ("--threads", "--max-proposed", "--concurrency"):
+        with pytest.raises(SystemExit):
+            jq.parse_args([flag, "0"])
+        assert f"{flag} must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--report .*not a file written by --json"):
+        (tmp_path / "other.json").write_text("[]")
+        jq.main(["--report", str(tmp_path / "other.json")])
+
+
+def test_the_local_judge_gets_a_rubric_and_answers_it_can_afford():
+    """The reward's default limits would make each constrained answer of the local judge
+    about 3,000 tokens; one model answers one call at a time."""
+    local = jq.parse_args([])
+    assert {k: getattr(local, k) for k in jq.LOCAL_LIMITS} == jq.LOCAL_LIMITS and local.concurrency == 1
+    endpoint = jq.parse_args(["--base-url", "http://127.0.0.1:1/v1", "--model", "m"])
+    assert (endpoint.max_tokens, endpoint.max_proposed, endpoint.max_criteria, endpoint.concurrency) == (512, None, None, 4)
+    assert jq.parse_args(["--max-proposed", "3", "--max-tokens", "300"]).max_proposed == 3
+
+
+def test_the_local_limits_leave_room_for_every_stage_answer():
+    """Under constrained decoding every text of an answer gets its share of max_tokens; with
+    the reward's default rubric size (15 proposed criteria, 24 merged) a complete answer does
+    not fit the local judge's budget and every stage would fall back unasked."""
+    from transformers import AutoTokenizer
+
+    from draco_gym.algos.models import resolve_model
+    from draco_gym.reward.answers import TITLE_WORDS, answer_schema
+    from draco_gym.reward.local_judge import AnswerTooLong, grammar_schema, string_budget
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(jq.SMALL_MODEL), local_files_only=True)
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    def budgets(limits: dict) -> dict[str, int]:
+        titles = [" ".join([f"Checks{i}"] + ["requirement"] * (TITLE_WORDS[1] - 1)) for i in range(limits["max_criteria"])]
+        schemas = {"propose": answer_schema("propose", max_items=limits["max_proposed"]),
+                   "augment": answer_schema("augment", max_items=limits["max_augmented"]),
+                   "merge": answer_schema("merge", max_items=limits["max_criteria"]),
+                   "score_attribute": answer_schema("score_attribute", titles=titles, n_steps=6)}
+        return {stage: string_budget(grammar_schema(schema, stage), limits["max_tokens"], count)
+                for stage, schema in schemas.items()}
+
+    # measured: propose 13, augment 40, merge 6, score_attribute 20 tokens per text
+    assert min(budgets(jq.LOCAL_LIMITS).values()) >= 4
+    with pytest.raises(AnswerTooLong, match="raise the reward's max_tokens"):
+        budgets({**jq.LOCAL_LIMITS, "max_proposed": 15, "max_augmented": 10, "max_criteria": 24})
