@@ -496,11 +496,18 @@ def report(results: Sequence[GroupResult], judge_label: str, mode: str) -> list[
 
 class ProgressJudge:
     """A judge that reports each answered call (stage, tokens, seconds) as it comes: a small
-    local judge takes minutes per group, and silence looks like a hang."""
+    local judge takes minutes per group, and silence looks like a hang. Everything else the
+    client asks of a judge (``server_slots``, ``cancel_stops_work``) is the wrapped judge's:
+    hidden, a one-slot server would get several requests at once and cut answers short."""
 
     def __init__(self, judge: Any, say: Callable[[str], None]) -> None:
         self.judge, self.say, self.calls = judge, say, 0
         self.model = judge.model
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "judge":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.judge, name)
 
     @property
     def identity(self) -> Any:

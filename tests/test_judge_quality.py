@@ -231,6 +231,27 @@ def test_score_group_with_a_function_judge():
     assert "ordering accuracy 100%" in table.splitlines()[-1]
 
 
+def test_the_progress_judge_keeps_a_one_slot_server_to_one_request():
+    """llama-cpp-python serves one request at a time and a second one cuts the first's
+    streamed answer short; the judge learns its slots from the server, through the bench's
+    progress wrapper."""
+    from draco_gym.reward import OpenAIJudge
+
+    task = Task(id="t", instruction="Count the notes.")
+    group = jq.Group(task, [jq.Rollout(kind, _rollout(task, f"ROLL-{kind}", 3), step, "")
+                            for kind, step in zip(jq.KINDS, [None, 2, 3, 2], strict=True)], truth=TRUTH)
+    said = []
+    with JudgeServer(RuleJudge([ANSWER, PAGES], lambda title, text: "ROLL-reference" in text),
+                     dialect="llama_cpp_python", token_s=0.002) as server:
+        judge = jq.ProgressJudge(OpenAIJudge("test-judge", base_url=server.base_url, api_key="sk-test"), said.append)
+        result = jq.score_group(lambda: build_reward("dynamic", judge=judge, mode="fused", max_concurrency=4),
+                                group, "fused", scorings=1)
+        requests = server.requests
+    assert server.max_open == 1 and not any(r.aborted for r in requests)
+    assert result.fallbacks == 0 and result.ordering == [{"wrong": True, "truncated": True, "perturbed": True}]
+    assert len(said) == result.calls == 10
+
+
 # -- the bench end to end -------------------------------------------------------------------
 
 
