@@ -122,6 +122,9 @@ OPEN_LIST_ITEMS = 4
 every item of every list takes its share of the answer's token budget."""
 
 
+TITLE_WORD_CHARS = 24
+"""The longest word the grammar lets a criterion title have."""
+
 NONEMPTY_STAGES = ("propose", "merge")
 """Stages whose criteria list may not be empty (``answers.check_proposed``, ``check_merged``)."""
 
@@ -141,7 +144,9 @@ def grammar_schema(schema: dict, stage: str = "") -> dict:
         low, high = TITLE_WORDS
         title = criteria["items"].get("properties", {}).get("title")
         if isinstance(title, dict) and "enum" not in title:
-            title["pattern"] = rf"^[^\s]+( [^\s]+){{{low - 1},{high - 1}}}$"
+            # Words of bounded length: an unbounded word lets a small model write one "word"
+            # until max_tokens cuts the answer mid-string (seen: a propose answer cut at its title).
+            title["pattern"] = rf"^[^\s]{{1,{TITLE_WORD_CHARS}}}( [^\s]{{1,{TITLE_WORD_CHARS}}}){{{low - 1},{high - 1}}}$"
         if stage in NONEMPTY_STAGES:
             criteria["minItems"] = max(criteria.get("minItems", 0), 1)
 

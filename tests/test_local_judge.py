@@ -224,3 +224,18 @@ def test_constrained_thinking_reasons_freely_then_answers_in_schema(tmp_path):
                                        max_tokens=120))
     parse_answer("score", reply.text)  # the reasoning is not part of the answer
     assert reply.completion_tokens > len(judge.tokenizer.encode(reply.text, add_special_tokens=False))
+
+
+def test_a_constrained_title_cannot_run_on_as_one_endless_word():
+    """A 135M self-judge wrote one endless "word" as a title until max_tokens cut its answer
+    mid-string; the grammar bounds each word, so every title closes."""
+    import re
+
+    from draco_gym.reward.answers import answer_schema
+    from draco_gym.reward.local_judge import TITLE_WORD_CHARS, grammar_schema
+
+    pattern = grammar_schema(answer_schema("propose", max_items=6), "propose")["properties"]["criteria"]["items"][
+        "properties"]["title"]["pattern"]
+    assert re.fullmatch(pattern, "Opens the right note")
+    assert not re.fullmatch(pattern, "Opens " + "." * (TITLE_WORD_CHARS + 1) + " note")
+    assert not re.fullmatch(pattern, "Two words")
