@@ -53,7 +53,8 @@ def build_corridor_policy(path: str | Path, *, seed: int = 0, demos_per_task: in
 
     The demonstrations open doors uniformly at random in every room, so supervised
     training fixes the format and leaves every choice near 1/n_doors. Full fine-tuning
-    (the model has ~100K parameters); takes a few seconds. Idempotent for one path."""
+    (the model has ~100K parameters); takes a few seconds. Idempotent for one path and
+    corridor (a policy built there for another corridor is refused)."""
     import torch
     from transformers import AutoTokenizer
 
@@ -64,9 +65,12 @@ def build_corridor_policy(path: str | Path, *, seed: int = 0, demos_per_task: in
     from draco_gym.envs.corridor import CorridorEnv
 
     path = Path(path)
-    if (path / "draco_gym_corridor.json").is_file():
-        return path
     env_config = dict(env_config or ENV_CONFIG)
+    if (path / "draco_gym_corridor.json").is_file():
+        built = json.loads((path / "draco_gym_corridor.json").read_text()).get("env_config", ENV_CONFIG)
+        if built != env_config:
+            raise ValueError(f"{path} holds a policy built for the corridor {built}, not {env_config}")
+        return path
     # Each whole action is one token: the policy's every choice is a single token, which
     # keeps the format intact while RL moves the choice.
     actions = [_action(d) for d in range(int(env_config.get("n_doors", 4)))]
@@ -91,16 +95,18 @@ def build_corridor_policy(path: str | Path, *, seed: int = 0, demos_per_task: in
         rows[ids] = 1.0 * directions
     losses = train_supervised(model, examples, epochs=epochs, lr=lr, batch_size=16, seed=seed)
     model.save_pretrained(path)
-    (path / "draco_gym_corridor.json").write_text(json.dumps({"seed": seed, "sft_losses": losses}))
+    (path / "draco_gym_corridor.json").write_text(json.dumps({"seed": seed, "env_config": env_config,
+                                                                   "sft_losses": losses}))
     return path
 
 
 def corridor_config(model: str | Path, *, credit: str = "draco", p: float = 0.0, seed: int = 0,
                     group_size: int = 8, tasks_per_iteration: int = 4, lr: float = 2e-3, kl_coeff: float = 0.05,
                     minibatch_size: int | None = 8, num_epochs: int = 1, lora_r: int = 8,
-                    reward: str = "corridor", env_config: dict | None = None):
+                    reward: str = "corridor", env_config: dict | None = None, reward_options: dict | None = None):
     """The GRPO config of the learning test: the Corridor, the ``corridor`` rubric with
-    wrong-citation probability ``p``, and the given credit rule."""
+    wrong-citation probability ``p`` (and any other ``reward_options``, e.g. ``traps``),
+    and the given credit rule."""
     from draco_gym.algos.grpo import GRPOConfig
 
     return (
@@ -109,7 +115,8 @@ def corridor_config(model: str | Path, *, credit: str = "draco", p: float = 0.0,
         .policy(model=str(model), lora={"r": lora_r, "alpha": 2 * lora_r})
         .training(group_size=group_size, tasks_per_iteration=tasks_per_iteration, temperature=1.0,
                   max_new_tokens=8, max_prompt_tokens=512, max_response_tokens=400,
-                  reward=reward, reward_options={"p": p, "seed": seed} if reward == "corridor" else {}, credit=credit,
+                  reward=reward, reward_options={"p": p, "seed": seed, **(reward_options or {})} if reward == "corridor" else {},
+                  credit=credit,
                   lr=lr, kl_coeff=kl_coeff, minibatch_size=minibatch_size, num_epochs=num_epochs,
                   micro_batch_tokens=8192)
         .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)

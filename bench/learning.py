@@ -1,18 +1,26 @@
 """DRACO vs uniform credit in the real trainer: iterations of GRPO until the Corridor is solved.
 
 The setting of the learning test (``draco_gym.algos.learning``): a tiny warm-started policy,
-the Corridor-v0 environment (one pivotal step among four), the judge-free ``corridor``
-rubric whose citations point at a wrong step with probability p, and GRPO on Ray/RLlib.
+the Corridor-v0 environment (one pivotal step among ``--rooms``, 4), the judge-free
+``corridor`` rubric whose citations point at a wrong step with probability p, and GRPO on
+Ray/RLlib. One difference: the rubric judges each hallway with its own trap criterion
+(``--traps room``, citing that room's step) where the learning test has one for the whole
+corridor. The treasure door is then one verdict among ``rooms``, so a trajectory's advantage
+is mostly the hallways': uniform credit puts it on the pivotal step all the same, DRACO
+moves it to the steps the verdicts cite (``--traps episode`` gives the test's rubric).
+
 For every p, credit rule and seed, training runs until the success rate of the iteration's
 own rollouts, averaged over the last two iterations, reaches the threshold (censored at
 ``--max-iters``: an unreached run counts as ``max_iters``, and the count that got there is
-shown). Beside it, ``draco-gym bench credit``'s tabular simulation is run for the same p
-and rules, so the trainer's ratio and the tabular one are side by side.
+shown). A finer figure beside it: the mean success over the first k iterations, k the
+shortest run (the area under the curve every run has). Beside the ratios,
+``draco-gym bench credit``'s tabular simulation is run for the same p and rules.
 
-    python bench/learning.py [--seeds 5] [--ps 0,0.2,0.4] [--rules draco,uniform]
+    python bench/learning.py [--seeds 5] [--ps 0,0.2,0.4] [--rules draco,uniform] [--rooms 4] [--traps room]
 
+Runs go seed by seed, so ``--summarize`` on an interrupted run still compares every cell.
 The last line is the ratio uniform/draco of mean iterations at p = 0.2 (above 1: DRACO
-needs fewer iterations).
+needs fewer iterations), beside the tabular one.
 """
 
 from __future__ import annotations
@@ -50,16 +58,24 @@ def report(runs: list[dict], ps: list[float], rules: tuple[str, ...], args) -> N
     out = Path(args.out)
     seeds = len({r["seed"] for r in runs})
     tabular = tabular_ratios(ps, seeds, rules)
-    print(f"\nGRPO on Corridor-v0 (4 rooms, 1 pivotal), iterations until success >= {args.threshold:.0%} "
-          f"(mean of 2 iterations), capped at {args.max_iters}; {seeds} seeds")
-    print(f"{'p':>4}  {'rule':<8} {'iterations':>15} {'reached':>8}")
+    print(f"\nGRPO on Corridor-v0 ({args.rooms} rooms, 1 pivotal; treasure door 3, hallway traps behind {args.trap_doors}; "
+          f"trap criteria per {args.traps}; "
+          f"{args.tasks} tasks x 8 episodes per iteration), iterations until "
+          f"success >= {args.threshold:.0%} (mean of 2 iterations), capped at {args.max_iters}; {seeds} seeds")
+    # The curve's area over the iterations every run has (a run stops at the threshold): the
+    # mean success of iterations 1..k, finer than the integer iteration count.
+    k = min(len(r["curve"]) for r in runs)
+    print(f"{'p':>4}  {'rule':<8} {'iterations':>15} {'reached':>8}  {f'success, iterations 1-{k}':>25}")
     summary = {}
     for p in ps:
         for rule in rules:
-            its = np.array([r["iterations"] for r in runs if r["p"] == p and r["rule"] == rule], dtype=float)
-            got = sum(r["reached"] for r in runs if r["p"] == p and r["rule"] == rule)
+            cell = [r for r in runs if r["p"] == p and r["rule"] == rule]
+            its = np.array([r["iterations"] for r in cell], dtype=float)
+            area = np.array([np.mean(r["curve"][:k]) for r in cell])
+            got = sum(r["reached"] for r in cell)
             summary[(p, rule)] = float(its.mean())
-            print(f"{p:>4.1f}  {rule:<8} {its.mean():>7.1f} ± {its.std():<5.1f} {got:>4}/{len(its)}")
+            print(f"{p:>4.1f}  {rule:<8} {its.mean():>7.1f} ± {its.std():<5.1f} {got:>4}/{len(its)}  "
+                  f"{area.mean():>17.3f} ± {area.std():.3f}")
     print(f"\n{'p':>4}  {'trainer uniform/draco':>22}  {'tabular uniform/draco (bench credit)':>37}")
     for p in ps:
         print(f"{p:>4.1f}  {summary[(p, 'uniform')] / summary[(p, 'draco')]:>21.2f}x  "
@@ -78,35 +94,53 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ps", default="0,0.2,0.4", help="wrong-citation probabilities, comma-separated")
     parser.add_argument("--rules", default="draco,uniform", help="credit rules, comma-separated")
     parser.add_argument("--threshold", type=float, default=0.75, help="success rate to reach")
-    parser.add_argument("--max-iters", type=int, default=15)
+    parser.add_argument("--max-iters", type=int, default=16)
+    parser.add_argument("--rooms", type=int, default=4, help="rooms per corridor (Corridor-v0's n_rooms)")
+    parser.add_argument("--tasks", type=int, default=4, help="tasks per iteration (each a group of 8 episodes)")
+    parser.add_argument("--trap-doors", default="2", help="the hallway doors that hide traps, comma-separated "
+                        "(the treasure door is 3 of 0-3)")
+    parser.add_argument("--traps", default="room", choices=("episode", "room"),
+                        help="the corridor rubric's trap criteria: one per episode or one per hallway room")
     parser.add_argument("--out", default="bench/results/learning.json")
+    parser.add_argument("--policy", default=None, help="folder of the warm-started policy: reused if built there "
+                        "for the same corridor, else built (default: a new temporary folder)")
     parser.add_argument("--summarize", action="store_true",
                         help="only print the report of the runs saved in --out (e.g. an interrupted run)")
     args = parser.parse_args(argv)
     ps = [float(x) for x in args.ps.split(",")]
     rules = tuple(r.strip() for r in args.rules.split(",") if r.strip())
+    try:
+        trap_doors = [int(d) for d in args.trap_doors.split(",")]
+    except ValueError:
+        parser.error(f"--trap-doors must be comma-separated door numbers, got {args.trap_doors!r}")
     if "uniform" not in rules or "draco" not in rules:
         parser.error("--rules must include draco and uniform (the ratio is uniform/draco)")
 
     if args.summarize:
-        runs = json.loads(Path(args.out).read_text())["runs"]
+        saved = json.loads(Path(args.out).read_text())
+        runs = saved["runs"]
+        for key in ("rooms", "tasks", "trap_doors", "traps", "threshold", "max_iters"):  # the setting the runs were made with
+            setattr(args, key, saved["args"].get(key, getattr(args, key)))
         report(runs, [p for p in ps if any(r["p"] == p for r in runs)], rules, args)
         return 0
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
 
-    from draco_gym.algos.learning import build_corridor_policy, corridor_config
+    from draco_gym.algos.learning import ENV_CONFIG, build_corridor_policy, corridor_config
 
     out = Path(args.out)
     ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False)
     start = time.perf_counter()
-    policy = build_corridor_policy(Path(tempfile.mkdtemp(prefix="corridor_policy_")))
+    env_config = {**ENV_CONFIG, "n_rooms": args.rooms, "trap_doors": trap_doors}
+    policy = build_corridor_policy(Path(args.policy or tempfile.mkdtemp(prefix="corridor_policy_")), env_config=env_config)
     runs = []
     for seed in range(args.seeds):  # seed-major: an interrupted run still compares every cell
         for p in ps:
             for rule in rules:
-                algo = corridor_config(policy, credit=rule, p=p, seed=seed).build_algo()
+                algo = corridor_config(policy, credit=rule, p=p, seed=seed, env_config=env_config,
+                                       reward_options={"traps": args.traps},
+                                       tasks_per_iteration=args.tasks).build_algo()
                 try:
                     iters, reached, curve = iterations_to_threshold(algo, args.threshold, args.max_iters)
                 finally:

@@ -52,7 +52,8 @@ class CorridorEnv(CodeStepEnv):
     ``traps`` (trap doors opened), ``pivot_step`` (the step that opened a door in the
     treasure room, or 0) and ``visits``: one ``[step, room, door, outcome]`` per door
     opened, outcome ``"treasure"``, ``"empty"``, ``"trap"`` or ``"safe"``, which the
-    ``corridor`` reward cites.
+    ``corridor`` reward cites (its trap criterion is one for the corridor, or with
+    ``traps="room"`` one per hallway; ``bench/learning.py`` uses the latter).
 
     ## Arguments
     - ``n_rooms`` (4): rooms per corridor, >= 2, so every episode has non-pivotal steps.

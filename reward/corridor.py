@@ -12,6 +12,13 @@ Its verdicts are what a perfect DRACO judge would write about a corridor episode
 A treasure room never reached is a FAIL cited at the last step (where the omission
 mattered most). Outcome and traps weigh the same in R_i, so a policy cannot earn its reward
 by avoiding traps alone.
+
+With ``traps="room"`` the trap criterion is split into one per hallway room, "Avoids the
+trap in room k", citing the step that opened a door there (a room never reached: FAIL at
+the last step). Each verdict then cites one step, as DRACO's judge is asked to, and R_i
+weighs the treasure door 1 : (rooms - 1) against the hallways: the pivotal step's share of
+a trajectory's advantage shrinks with the corridor, which is what uniform credit pays for
+and DRACO's per-step redistribution should not.
 With probability ``p`` each citation instead points at a wrong step, drawn uniformly from
 the episode's other steps: the judge's attribution error, the quantity the credit
 benchmark varies. The draw is seeded from ``seed`` and the episode's own content, so a
@@ -29,21 +36,32 @@ from draco_gym.reward.base import REWARDS, RubricReward, check_group, finalize_g
 from draco_gym.types import Criterion, GroupScore, Task, Trajectory, Verdict
 
 TREASURE = "Opens the treasure door"
-VALID = "Sends only valid door calls"
-
-
 TRAPS = "Avoids the hallway traps"
+VALID = "Sends only valid door calls"
+TRAP_CRITERIA = ("episode", "room")
+
+
+def room_trap(room: int) -> str:
+    """The title of room ``room``'s own trap criterion (``traps="room"``)."""
+    return f"Avoids the trap in room {room}"
+
+
 @REWARDS.register("corridor")
 class CorridorReward(RubricReward):
     """``p``: probability that a verdict cites a wrong step; ``seed``: the noise's seed;
-    ``dropout``: DRACO's discriminative dropout (on by default, as in the paper)."""
+    ``dropout``: DRACO's discriminative dropout (on by default, as in the paper);
+    ``traps``: "episode" (one trap criterion for the whole corridor, the default) or "room"
+    (one per hallway, as a rubric that judges each step's own risk would write)."""
 
     name = "corridor"
 
-    def __init__(self, *, p: float = 0.0, seed: int = 0, dropout: bool = True) -> None:
+    def __init__(self, *, p: float = 0.0, seed: int = 0, dropout: bool = True, traps: str = "episode") -> None:
         if not 0.0 <= float(p) <= 1.0:
             raise ValueError(f"p (the wrong-citation probability) must be in [0, 1], got {p!r}")
-        self.p, self.seed, self.dropout = float(p), int(seed), bool(dropout)
+        if traps not in TRAP_CRITERIA:
+            raise ValueError(f"traps must be one of {TRAP_CRITERIA} (one trap criterion per episode or per hallway), "
+                             f"got {traps!r}")
+        self.p, self.seed, self.dropout, self.traps = float(p), int(seed), bool(dropout), traps
 
     async def ascore_group(self, task: Task, trajectories: Sequence[Trajectory]) -> GroupScore:
         return self.score_group(task, trajectories)
@@ -56,7 +74,12 @@ class CorridorReward(RubricReward):
             raise ValueError(f"task {task.id!r} is not a Corridor task (its metadata lacks pivot_room / n_rooms)")
         criteria = [Criterion(title=TREASURE, origin="rule",
                               description="The door opened in the treasure room is the one hiding the treasure.")]
-        criteria.append(Criterion(title=TRAPS, origin="rule", description="No door opened in a hallway is a trap."))
+        if self.traps == "room":
+            criteria += [Criterion(title=room_trap(room), origin="rule",
+                                   description=f"The door opened in hallway room {room} is not a trap.")
+                         for room in range(1, rooms + 1) if room != pivot]
+        else:
+            criteria.append(Criterion(title=TRAPS, origin="rule", description="No door opened in a hallway is a trap."))
         criteria.append(Criterion(title=VALID, origin="rule",
                                   description="Every message is exactly one open_door(n) call with a valid door."))
         verdicts = [self._verdicts(t, criteria, pivot) for t in trajectories]
@@ -70,6 +93,13 @@ class CorridorReward(RubricReward):
         rng = np.random.default_rng([self.seed, _digest(traj)])
         out = []
         for criterion in criteria:
+            if criterion.title.startswith("Avoids the trap in room "):
+                room = int(criterion.title.rsplit(" ", 1)[1])
+                step, outcome = by_room.get(room, (last, None))
+                out.append(Verdict(criterion=criterion.title, score=1 if outcome == "safe" else -1,
+                                   cited_steps=[self._cite(step, len(traj.steps), rng)],
+                                   evidence=f"hallway room {room}: {outcome or 'never reached'}"))
+                continue
             if criterion.title == TRAPS:
                 hallway = [step for step, room, _door, _outcome in traj.metrics["visits"] if room != pivot]
                 trapped = [step for step, _room, _door, outcome in traj.metrics["visits"] if outcome == "trap"]

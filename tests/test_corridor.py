@@ -97,3 +97,22 @@ def test_citation_noise_is_seeded_and_moves_only_citations():
     wrong = sum(c != [2] for c in cited) / len(cited)
     assert 0.2 < wrong < 0.6, wrong  # about p = 0.4 of them point at another step
     assert all(1 <= c[0] <= 4 for c in cited)
+
+
+def test_room_trap_criteria_cite_each_hallway_step():
+    from draco_gym.reward.corridor import room_trap
+
+    env = gym.make("draco_gym/Corridor-v0")
+    trajs = group(env)  # treasure room 2; hallways 1, 3, 4
+    score = build_reward("corridor", p=0.0, traps="room").score_group(trajs[0].task, trajs)
+    assert [c.title for c in score.criteria] == [TREASURE, room_trap(1), room_trap(3), room_trap(4)]
+    assert score.dropped == [VALID]
+    v = {s: {x.criterion: x for x in t.verdicts} for s, t in zip("abcd", score.scores)}
+    assert v["c"][room_trap(1)].score == -1 and v["c"][room_trap(1)].cited_steps == [1]
+    assert v["c"][room_trap(3)].score == -1 and v["c"][room_trap(3)].cited_steps == [3]
+    assert v["c"][room_trap(4)].score == 1 and v["c"][room_trap(4)].cited_steps == [4]
+    assert v["b"][TREASURE].score == -1 and v["b"][TREASURE].cited_steps == [2]
+    # the treasure door is one verdict of four: b (wrong door, no trap) outscores c (treasure, two traps)
+    assert score.rewards == [1.0, 0.5, 0.0, -1.0]
+    with pytest.raises(ValueError, match="traps must be one of"):
+        build_reward("corridor", traps="step")

@@ -74,3 +74,14 @@ def test_train_command_writes_before_and_after(corridor_policy, tmp_path, capsys
     assert after["success_rate"]["mean"] >= before["success_rate"]["mean"] + 0.3
     assert after["success_rate"]["ci95"][0] > before["success_rate"]["ci95"][1]
     assert "held-out evaluation" in capsys.readouterr().out
+
+
+def test_a_policy_built_for_another_corridor_is_refused(tmp_path):
+    import json
+
+    from draco_gym.algos.learning import ENV_CONFIG
+
+    (tmp_path / "draco_gym_corridor.json").write_text(json.dumps({"seed": 0, "env_config": ENV_CONFIG}))
+    assert build_corridor_policy(tmp_path) == tmp_path  # the same corridor: reused, not rebuilt
+    with pytest.raises(ValueError, match="built for the corridor"):
+        build_corridor_policy(tmp_path, env_config={**ENV_CONFIG, "n_rooms": 8})
