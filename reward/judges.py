@@ -170,6 +170,39 @@ def _bounded_strings(schema: Any, max_chars: int = 300) -> Any:
     return schema
 
 
+_TITLE_WORD = r"[A-Za-z0-9][A-Za-z0-9,.'/()&:-]*"
+# ~3 characters a token: fewer characters per token than English prose takes, so strings
+# sized by it fit the token budget
+_CHARS_PER_TOKEN = 3
+
+
+def grammar_ready(schema: dict, stage: str, max_tokens: int) -> dict:
+    """The stage's schema as llama.cpp's grammar should enforce it (its ``json_object`` +
+    ``schema`` form): tightened like the in-process constrained judge's
+    (``local_judge.grammar_schema``: one verdict per criterion in rubric order, each PASS
+    or FAIL citing a step, no unnamed keys, open lists capped), a criterion title of
+    ``TITLE_WORDS`` words that start with a letter or digit (so a small model cannot copy
+    the prompt's "..." placeholder as a title), and every string short enough that a whole
+    answer fits ``max_tokens`` (at least 60 characters each). The title pattern names its characters (no quote, no
+    backslash, no control character): llama.cpp turns a pattern into grammar verbatim, so a
+    negated class would let a raw quote end the JSON string early."""
+    from draco_gym.reward.answers import TITLE_WORDS
+    from draco_gym.reward.local_judge import DoesNotFit, grammar_schema, string_budget
+
+    tight = grammar_schema(schema, stage)
+    title = tight.get("properties", {}).get("criteria", {}).get("items", {}).get("properties", {}).get("title")
+    if isinstance(title, dict) and "pattern" in title:
+        low, high = TITLE_WORDS
+        title["pattern"] = rf"^{_TITLE_WORD}( {_TITLE_WORD}){{{low - 1},{high - 1}}}$"
+    try:
+        tokens = string_budget(tight, max_tokens, lambda text: len(text) // _CHARS_PER_TOKEN + 1)
+    except DoesNotFit:
+        tokens = 0
+    # the budget counts every open list at its longest (15 proposed criteria), which answers
+    # rarely reach: below 60 characters a title or a piece of evidence no longer fits
+    return _bounded_strings(tight, max(60, min(300, tokens * _CHARS_PER_TOKEN)))
+
+
 class FormatRefused(JudgeUnavailable):
     """The server refuses the structured-output form, and no other form is left to try (it
     was forced, or plain text was refused too): sending the same request again cannot help."""
@@ -387,13 +420,13 @@ class OpenAIJudge:
                     _url_key(self.base_url), sent_format, _short(Exception(message)), profile.format)
         return True
 
-    def _response_format(self, form: str, schema: dict | None, schema_name: str) -> dict | None:
+    def _response_format(self, form: str, schema: dict | None, schema_name: str, max_tokens: int) -> dict | None:
         if schema is None or form == "none":
             return None
         if form == "json_object":
             return {"type": "json_object"}
         if form == "json_object_schema":
-            return {"type": "json_object", "schema": _bounded_strings(schema)}
+            return {"type": "json_object", "schema": grammar_ready(schema, schema_name, max_tokens)}
         strict = server_profile(self.base_url) is not None and server_profile(self.base_url).family == "openai" \
             and _strict_ready(schema)
         return {"type": "json_schema", "json_schema": {"name": schema_name, "schema": schema, "strict": strict}}
@@ -403,7 +436,7 @@ class OpenAIJudge:
         request: dict[str, Any] = {"model": self.model, "messages": messages, self._token_param: max_tokens}
         if self._send_temperature:
             request["temperature"] = temperature
-        response_format = self._response_format(form, schema, schema_name)
+        response_format = self._response_format(form, schema, schema_name, max_tokens)
         if response_format is not None:
             request["response_format"] = response_format
         if self.stream:

@@ -47,6 +47,16 @@ def sent_forms(server: JudgeServer) -> set[str]:
     return out
 
 
+def uncapped_strings(schema) -> list:
+    """Free-text strings of a schema without a maxLength."""
+    if isinstance(schema, list):
+        return [s for v in schema for s in uncapped_strings(v)]
+    if not isinstance(schema, dict):
+        return []
+    own = [schema] if schema.get("type") == "string" and "enum" not in schema and "maxLength" not in schema else []
+    return own + [s for v in schema.values() for s in uncapped_strings(v)]
+
+
 def test_every_family_is_covered():
     assert set(FIRST_FORM) == set(DIALECTS)
 
@@ -84,7 +94,7 @@ def test_llama_cpp_python_500_naming_the_format_steps_down_and_is_remembered(cap
     assert all(r.response_format == {"type": "json_object", "schema": r.response_format["schema"]}
                for r in server.requests if r.status == 200)
     # strings are capped, so the grammar ends every answer before max_tokens cuts it off
-    assert all('"maxLength": 300' in json.dumps(r.response_format["schema"]) for r in server.requests if r.status == 200)
+    assert all(uncapped_strings(r.response_format["schema"]) == [] for r in server.requests if r.status == 200)
     assert all(r.status == 200 for r in server.requests[before:])
     steps = [m for m in caplog.messages if "refused structured output" in m]
     assert len(steps) == 1 and "now sending json_object_schema" in steps[0]
@@ -192,3 +202,69 @@ def test_a_rollouts_calls_share_the_rules_task_and_rollout_as_prefix(mode):
         assert TASK.instruction in shared and marker in shared and shared.rstrip().endswith("</trajectory>")
     share, _ = prefix_share([r.messages for r in server.requests], lambda m: list(json.dumps(m)))
     assert share >= 0.5, share
+
+
+TITLES = ["Finds the cheapest flight", "Books exactly one ticket", "Pays with the saved card"]
+
+
+@pytest.mark.parametrize("stage", ["propose", "augment", "merge"])
+def test_llama_cpp_grammar_holds_criterion_titles_to_the_title_rule(stage):
+    """The form llama.cpp decodes under: a title is 3 to 8 words, each starting with a letter
+    or digit (SmolLM2 copied the prompt's "..." as titles under the bare schema), and no
+    quote or backslash can end the JSON string early."""
+    import re
+
+    from draco_gym.reward.answers import answer_schema
+    from draco_gym.reward.judges import grammar_ready
+
+    schema = grammar_ready(answer_schema(stage, max_items=10), stage, 1024)
+    title = re.compile(schema["properties"]["criteria"]["items"]["properties"]["title"]["pattern"])
+    assert all(title.fullmatch(t) for t in [*TITLES, "Reads all 3 pages: API paginates"])
+    for bad in ["...", "... ... ...", "Two words", 'Says "done" without checking', "A b c d e f g h i", "Tab\tin title"]:
+        assert not title.fullmatch(bad), bad
+    assert uncapped_strings(schema) == []
+    assert schema["properties"]["criteria"]["items"]["additionalProperties"] is False
+
+
+@pytest.mark.parametrize("stage", ["score", "attribute", "score_attribute"])
+def test_llama_cpp_grammar_asks_one_verdict_per_criterion_in_order_and_fits_max_tokens(stage):
+    from draco_gym.reward.answers import answer_schema
+    from draco_gym.reward.judges import grammar_ready
+
+    schema = grammar_ready(answer_schema(stage, titles=TITLES, n_steps=4), stage, 1024)
+    (array,) = schema["properties"].values()
+    items = array["prefixItems"]
+    consts = [(i.get("anyOf") or [i])[0]["properties"]["criterion"]["const"] for i in items]
+    assert consts == TITLES and array["items"] is False
+    # a rubric of 15 criteria: each text gets less room in 1024 tokens than in 4096, never under 60 characters
+    fifteen = [f"Criterion number {k} holds" for k in range(15)]
+    caps = {limit: {s["maxLength"] for s in _strings(grammar_ready(answer_schema(stage, titles=fifteen, n_steps=4),
+                                                                    stage, limit))} for limit in (1024, 4096)}
+    assert 60 <= min(caps[1024]) and max(caps[1024]) < max(caps[4096]) <= 300, caps
+
+
+def _strings(schema) -> list:
+    if isinstance(schema, list):
+        return [s for v in schema for s in _strings(v)]
+    if not isinstance(schema, dict):
+        return []
+    own = [schema] if schema.get("type") == "string" and "maxLength" in schema else []
+    return own + [s for v in schema.values() for s in _strings(v)]
+
+
+def test_llama_cpp_compiles_every_stage_grammar():
+    """llama-cpp-python falls back to plain JSON, silently, when a schema does not compile;
+    every stage's grammar must compile (runs where the llamacpp extra is installed)."""
+    grammar = pytest.importorskip("llama_cpp.llama_grammar")
+    from draco_gym.reward.answers import answer_schema
+    from draco_gym.reward.judges import grammar_ready
+    from draco_gym.reward.stages import SEGMENT_SCHEMA
+
+    for stage, options in [("propose", {"max_items": 15}), ("augment", {"max_items": 10}), ("merge", {"max_items": 24}),
+                           ("score", {"titles": TITLES, "n_steps": 5}), ("attribute", {"titles": TITLES, "n_steps": 5}),
+                           ("score_attribute", {"titles": TITLES, "n_steps": 5})]:
+        for max_tokens in (1024, 4096):
+            schema = grammar_ready(answer_schema(stage, **options), stage, max_tokens)
+            grammar.LlamaGrammar.from_string(grammar.json_schema_to_gbnf(json.dumps(schema)), verbose=False)
+    grammar.LlamaGrammar.from_string(grammar.json_schema_to_gbnf(json.dumps(grammar_ready(SEGMENT_SCHEMA, "segment", 1024))),
+                                     verbose=False)
