@@ -301,6 +301,11 @@ class OpenAIJudge:
         return {"kind": "openai", "model": self.model, "base_url": self.base_url, **({"extra_body": self.extra_body} if self.extra_body else {})}
 
     @property
+    def server(self) -> str:
+        """The server this judge talks to (its base URL): clients of one server share its slots."""
+        return _url_key(self.base_url)
+
+    @property
     def cancel_stops_work(self) -> bool:
         """Whether giving up on a request also stops the server computing it."""
         return self.stream

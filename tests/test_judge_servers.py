@@ -6,12 +6,13 @@ one-slot server."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
 import pytest
 from judge_server import DIALECTS, JudgeServer, ScriptedJudge
-from reward_fixtures import TASK, assert_hand_computed, group, script
+from reward_fixtures import MARKERS, TASK, assert_hand_computed, group, script
 
 from draco_gym.reward import DynamicRubricReward, OpenAIJudge
 from draco_gym.reward.judges import server_profile
@@ -118,6 +119,39 @@ def test_a_one_slot_server_gets_one_request_at_a_time(mode):
         result = make_reward(server, mode, max_concurrency=16).score_group(TASK, group())
     assert result.fallbacks == []
     assert_hand_computed(result)
+    assert server.max_open == 1
+    assert not any(r.interrupted for r in server.requests)
+
+
+def _rollout(record) -> str | None:
+    return next((m for m in MARKERS if m in record.messages[1]["content"]), None)
+
+
+def test_a_one_slot_server_gets_each_attribute_call_right_after_its_rollouts_score_call():
+    """llama-cpp-python keeps only its last prompt's KV cache: the client sends a rollout's
+    attribute call straight after its score call (which shares the rules, task, rollout and
+    rubric), not after the other rollouts' score calls."""
+    with JudgeServer(ScriptedJudge(script()), dialect="llama_cpp_python", token_s=0.002) as server:
+        result = make_reward(server).score_group(TASK, group())
+    assert result.fallbacks == []
+    assert_hand_computed(result)
+    verdict_calls = [(r.stage, _rollout(r)) for r in server.requests if r.stage in ("score", "attribute")]
+    assert len(verdict_calls) == 6
+    for (stage, rollout), (next_stage, next_rollout) in zip(verdict_calls[::2], verdict_calls[1::2], strict=True):
+        assert (stage, next_stage, next_rollout) == ("score", "attribute", rollout), verdict_calls
+
+
+def test_two_rewards_on_one_one_slot_server_send_one_request_at_a_time():
+    """The slot limit belongs to the server (its base URL), not to one client: two rewards
+    scoring at once on a llama-cpp-python server never have two requests open."""
+    with JudgeServer(ScriptedJudge(script()), dialect="llama_cpp_python", token_s=0.002) as server:
+        first, second = make_reward(server), make_reward(server)
+
+        async def both():
+            return await asyncio.gather(first.ascore_group(TASK, group()), second.ascore_group(TASK, group()))
+
+        results = asyncio.run(both())
+    assert [r.fallbacks for r in results] == [[], []]
     assert server.max_open == 1
     assert not any(r.interrupted for r in server.requests)
 
