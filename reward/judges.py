@@ -170,7 +170,9 @@ def _bounded_strings(schema: Any, max_chars: int = 300) -> Any:
     return schema
 
 
-_TITLE_WORD = r"[A-Za-z0-9][A-Za-z0-9,.'/()&:-]*"
+_TITLE_WORD = r"[A-Za-z0-9][A-Za-z0-9,'/()&:-]{0,23}"
+"""A word of a criterion title: a letter or digit first, at most 24 characters, no period
+(SmolLM2 wrote "but..." to end a title copied from the prompt's "..." placeholder)."""
 # ~3 characters a token: fewer characters per token than English prose takes, so strings
 # sized by it fit the token budget
 _CHARS_PER_TOKEN = 3
@@ -183,24 +185,45 @@ def grammar_ready(schema: dict, stage: str, max_tokens: int) -> dict:
     or FAIL citing a step, no unnamed keys, open lists capped), a criterion title of
     ``TITLE_WORDS`` words that start with a letter or digit (so a small model cannot copy
     the prompt's "..." placeholder as a title), and every string short enough that a whole
-    answer fits ``max_tokens`` (at least 60 characters each). The title pattern names its characters (no quote, no
+    answer fits ``max_tokens`` (60 to 300 characters each, and fewer criteria in an open
+    list when 60 would not fit: ``_fit_answer``). The title pattern names its characters (no quote, no
     backslash, no control character): llama.cpp turns a pattern into grammar verbatim, so a
     negated class would let a raw quote end the JSON string early."""
     from draco_gym.reward.answers import TITLE_WORDS
-    from draco_gym.reward.local_judge import DoesNotFit, grammar_schema, string_budget
+    from draco_gym.reward.local_judge import grammar_schema
 
     tight = grammar_schema(schema, stage)
     title = tight.get("properties", {}).get("criteria", {}).get("items", {}).get("properties", {}).get("title")
     if isinstance(title, dict) and "pattern" in title:
         low, high = TITLE_WORDS
         title["pattern"] = rf"^{_TITLE_WORD}( {_TITLE_WORD}){{{low - 1},{high - 1}}}$"
-    try:
-        tokens = string_budget(tight, max_tokens, lambda text: len(text) // _CHARS_PER_TOKEN + 1)
-    except DoesNotFit:
-        tokens = 0
-    # the budget counts every open list at its longest (15 proposed criteria), which answers
-    # rarely reach: below 60 characters a title or a piece of evidence no longer fits
-    return _bounded_strings(tight, max(60, min(300, tokens * _CHARS_PER_TOKEN)))
+    return _bounded_strings(tight, _fit_answer(tight, max_tokens))
+
+
+_MIN_STRING_CHARS = 60
+"""Below this a criterion's title or a piece of evidence no longer fits."""
+
+
+def _fit_answer(schema: dict, max_tokens: int) -> int:
+    """The character cap of every string such that the longest answer the grammar allows
+    fits ``max_tokens``; when even strings of ``_MIN_STRING_CHARS`` would not fit, the
+    open list of criteria (propose, augment, merge) is shortened first, in place. A small
+    model under a grammar keeps adding criteria until it is stopped: a merge answer cut by
+    max_tokens is unterminated JSON."""
+    from draco_gym.reward.local_judge import DoesNotFit, string_budget
+
+    def budget() -> int:
+        try:
+            return string_budget(schema, max_tokens, lambda text: len(text) // _CHARS_PER_TOKEN + 1) * _CHARS_PER_TOKEN
+        except DoesNotFit:
+            return 0
+
+    criteria = schema.get("properties", {}).get("criteria")
+    chars = budget()
+    while chars < _MIN_STRING_CHARS and isinstance(criteria, dict) and criteria.get("maxItems", 0) > 1:
+        criteria["maxItems"] -= 1
+        chars = budget()
+    return max(_MIN_STRING_CHARS, min(300, chars))
 
 
 class FormatRefused(JudgeUnavailable):

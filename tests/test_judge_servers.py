@@ -302,3 +302,22 @@ def test_llama_cpp_compiles_every_stage_grammar():
             grammar.LlamaGrammar.from_string(grammar.json_schema_to_gbnf(json.dumps(schema)), verbose=False)
     grammar.LlamaGrammar.from_string(grammar.json_schema_to_gbnf(json.dumps(grammar_ready(SEGMENT_SCHEMA, "segment", 1024))),
                                      verbose=False)
+
+
+def test_llama_cpp_grammar_shortens_an_open_criteria_list_that_would_not_fit_max_tokens():
+    """SmolLM2 under llama.cpp's grammar kept adding merged criteria until max_tokens cut the
+    JSON (the live run's merge fallback): the grammar allows only as many criteria as fit,
+    each text at least 60 characters."""
+    from draco_gym.reward.answers import answer_schema
+    from draco_gym.reward.judges import grammar_ready
+
+    for stage, limit in (("propose", 15), ("augment", 10), ("merge", 24)):
+        small = grammar_ready(answer_schema(stage, max_items=limit), stage, 1024)
+        large = grammar_ready(answer_schema(stage, max_items=limit), stage, 16384)
+        assert 1 <= small["properties"]["criteria"]["maxItems"] < limit == large["properties"]["criteria"]["maxItems"]
+        assert min(s["maxLength"] for s in _strings(small)) >= 60
+        # the longest answer the grammar allows, at ~3 characters a token, fits 1024 tokens
+        longest = small["properties"]["criteria"]["maxItems"] * sum(
+            s["maxLength"] + 20 for s in _strings(small["properties"]["criteria"]["items"])
+            for _ in range(1 if s is not small["properties"]["criteria"]["items"]["properties"].get("grounding_references", {}).get("items") else 4))
+        assert longest / 3 < 1024, longest
