@@ -162,13 +162,13 @@ def llama_log_counts(text: str) -> tuple[int, int, float]:
 
 
 def llama_scoring(group_size: int, max_tokens: int) -> tuple[list[tuple[str, str, str]], str]:
-    """One small group scored (separate mode) against llama.cpp's server twice, side by
-    side on one server: as the judge sends it (prefix-first prompts, one request at a time,
+    """One small group (2-step rollouts) scored (separate mode, no repairs, so both runs make
+    the same calls) against llama.cpp's server twice, side by side on one server: as the judge sends it (prefix-first prompts, one request at a time,
     a rollout's calls back to back) and with every request made unique at its start (the
     control: the same calls, nothing for the server to reuse). Returns rows and the
     headline, or why it was not measured."""
     task = Task(id="llama", instruction="Book the cheapest flight from Oslo to Rome and pay with the saved card.")
-    trajectories = make_group(task, group_size, n_steps=3, observation_repeats=10)
+    trajectories = make_group(task, group_size, n_steps=2, observation_repeats=10)
     rows = []
     try:
         with LlamaServer() as server:
@@ -176,8 +176,9 @@ def llama_scoring(group_size: int, max_tokens: int) -> tuple[list[tuple[str, str
             for name, wrap in (("control, every prompt unique", Unique), ("judge order, prefixes reused", lambda j: j)):
                 judge = OpenAIJudge("smollm2-135m-instruct", base_url=server.base_url, api_key="sk-local",
                                     request_timeout_s=600)
+                # no repairs: both arms send the same number of calls, whatever the answers
                 reward = DynamicRubricReward(wrap(judge), mode="separate", max_tokens=max_tokens, deadline_s=3600,
-                                             retries=0)
+                                             retries=0, max_repairs=0)
                 before = len(server.log_text())
                 result, wall = timed(reward.score_group, task, trajectories)
                 reused, evaluated, eval_s = llama_log_counts(server.log_text()[before:])
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-rate", type=float, default=0.3)
     parser.add_argument("--llama-group-size", type=int, default=2,
                         help="G of the group scored against llama.cpp's server, with and without prefix reuse (0: skip it)")
-    parser.add_argument("--llama-max-tokens", type=int, default=512, help="the judge's max_tokens against llama.cpp")
+    parser.add_argument("--llama-max-tokens", type=int, default=256, help="the judge's max_tokens against llama.cpp")
     args = parser.parse_args(argv)
     L, G = args.latency, args.group_size
     rows: list[tuple[str, str, str]] = []
