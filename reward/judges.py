@@ -197,7 +197,22 @@ def grammar_ready(schema: dict, stage: str, max_tokens: int) -> dict:
     if isinstance(title, dict) and "pattern" in title:
         low, high = TITLE_WORDS
         title["pattern"] = rf"^{_TITLE_WORD}( {_TITLE_WORD}){{{low - 1},{high - 1}}}$"
-    return _bounded_strings(tight, _fit_answer(tight, max_tokens))
+    return _bounded_strings(_enumerated_steps(tight), _fit_answer(tight, max_tokens))
+
+
+def _enumerated_steps(schema: Any) -> Any:
+    """Bounded integers (a rollout's step numbers) as an enum: llama-cpp-python's grammar
+    converter ignores ``minimum`` and ``maximum`` (a live attribute answer cited step 4 of a
+    2-step rollout), every converter honours an enum."""
+    if isinstance(schema, list):
+        return [_enumerated_steps(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _enumerated_steps(v) for k, v in schema.items()}
+    low, high = out.get("minimum"), out.get("maximum")
+    if out.get("type") == "integer" and isinstance(low, int) and isinstance(high, int) and 0 <= high - low < 1000:
+        out = {"enum": list(range(low, high + 1))}
+    return out
 
 
 _MIN_STRING_CHARS = 60
