@@ -197,7 +197,8 @@ def grammar_ready(schema: dict, stage: str, max_tokens: int) -> dict:
     if isinstance(title, dict) and "pattern" in title:
         low, high = TITLE_WORDS
         title["pattern"] = rf"^{_TITLE_WORD}( {_TITLE_WORD}){{{low - 1},{high - 1}}}$"
-    return _bounded_strings(_enumerated_steps(tight), _fit_answer(tight, max_tokens))
+    chars = _fit_answer(tight, max_tokens)  # first: it may shorten the criteria list in place
+    return _bounded_strings(_enumerated_steps(tight), chars)
 
 
 def _enumerated_steps(schema: Any) -> Any:
