@@ -270,6 +270,10 @@ def test_llama_cpp_grammar_asks_one_verdict_per_criterion_in_order_and_fits_max_
     items = array["prefixItems"]
     consts = [(i.get("anyOf") or [i])[0]["properties"]["criterion"]["const"] for i in items]
     assert consts == TITLES and array["items"] is False
+    # step numbers as an enum: llama-cpp-python's converter ignores minimum and maximum
+    if stage != "score":
+        steps = [(i.get("anyOf") or [i])[0]["properties"]["steps"]["items"] for i in items]
+        assert all(s == {"enum": [1, 2, 3, 4]} for s in steps), steps
     # a rubric of 15 criteria: each text gets less room in 1024 tokens than in 4096, never under 60 characters
     fifteen = [f"Criterion number {k} holds" for k in range(15)]
     caps = {limit: {s["maxLength"] for s in _strings(grammar_ready(answer_schema(stage, titles=fifteen, n_steps=4),
