@@ -14,13 +14,16 @@ Figures, printed side by side with their goals:
   - wall time and completion rate with 30% of calls faulted (429, 500, malformed JSON,
     missing fields, steps out of range, PASS without citation)
   - the share of a group's prompt tokens that repeat a prefix some earlier call of the group
-    already sent (the judge's rules, the task, the rollout: what a server's prompt cache
-    reuses; SmolLM2's tokenizer and chat template when the model is set up, else characters;
-    goal >= 60%), separate and fused
-  - against llama.cpp's server (llama-cpp-python[server] with the SmolLM2 GGUF, which reuses
-    the previous prompt's prefix; skipped, saying so, without the package): the prompt-processing time of one small
-    group's requests sent in order, against the same requests each made unique at its start
-    so that no prefix can be reused. The last line is the headline.
+    already sent (the judge's rules, the task, the rollout: what vLLM's prefix cache and
+    OpenAI's prompt caching reuse; SmolLM2's tokenizer and chat template when the model is
+    set up, else characters; goal >= 60%), separate and fused, for the task alone and for
+    the task with the agent prompt an AppWorld task carries (every call repeats it)
+  - against llama.cpp's server (llama-cpp-python[server] with the SmolLM2 GGUF; skipped,
+    saying so, without the package): one small group scored twice on one server, as the
+    judge sends it and with every request made unique at its start (the control: the same
+    calls, no prefix the server can reuse); wall time, prompt tokens evaluated and reused
+    and seconds of prompt evaluation (from the server's log) each way. The last line is the
+    headline.
 
     python bench/judge_pipeline.py --llama-group-size 0    # without the llama.cpp run
 """
@@ -30,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import urllib.request
 import sys
 import tempfile
 import time
@@ -131,28 +133,66 @@ def prefix_share(requests: list[list[dict]], tokens) -> tuple[float, int]:
     return shared / max(total, 1), total
 
 
-def llama_prompt_time(requests: list[list[dict]], group_size: int) -> str:
-    """The group's requests against llama.cpp's server (it keeps the previous prompt's KV), in order, once
-    as the judge sends them and once each made unique at its start (a nonce before the
-    system text: nothing to reuse); max_tokens=1, so the time is prompt processing. Returns
-    the headline, or why it was not measured."""
+class Unique:
+    """The control judge: each request made unique at its start (a request number before
+    the judge's rules), so the server's KV cache finds no prefix to reuse. The calls, their
+    order and the client's slot choice are the judge's own."""
+
+    def __init__(self, judge) -> None:
+        self.judge, self.sent = judge, 0
+
+    def __getattr__(self, name):
+        return getattr(self.judge, name)
+
+    async def complete(self, messages, **kwargs):
+        self.sent += 1
+        first = {**messages[0], "content": f"[request {self.sent}]\n" + messages[0]["content"]}
+        return await self.judge.complete([first, *messages[1:]], **kwargs)
+
+
+def llama_log_counts(text: str) -> tuple[int, int, float]:
+    """(prompt tokens reused, prompt tokens evaluated, seconds of prompt evaluation) from
+    llama-cpp-python's verbose log: "N prefix-match hit, remaining M prompt tokens to eval"
+    and llama.cpp's "prompt eval time = X ms / M tokens" per request."""
+    import re
+
+    reused = sum(int(n) for n in re.findall(r"(\d+) prefix-match hit", text))
+    evals = re.findall(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens", text)
+    return reused, sum(int(n) for _, n in evals), sum(float(ms) for ms, _ in evals) / 1e3
+
+
+def llama_scoring(group_size: int, max_tokens: int) -> tuple[list[tuple[str, str, str]], str]:
+    """One small group (2-step rollouts) scored (separate mode, no repairs, so both runs make
+    the same calls) against llama.cpp's server twice, side by side on one server: as the judge sends it (prefix-first prompts, one request at a time,
+    a rollout's calls back to back) and with every request made unique at its start (the
+    control: the same calls, nothing for the server to reuse). Returns rows and the
+    headline, or why it was not measured."""
+    task = Task(id="llama", instruction="Book the cheapest flight from Oslo to Rome and pay with the saved card.")
+    trajectories = make_group(task, group_size, n_steps=2, observation_repeats=10)
+    rows = []
     try:
         with LlamaServer() as server:
-            def send(messages) -> float:
-                body = json.dumps({"messages": messages, "max_tokens": 1, "temperature": 0}).encode()
-                request = urllib.request.Request(server.base_url + "/chat/completions", body,
-                                                 {"Content-Type": "application/json"})
-                start = time.perf_counter()
-                urllib.request.urlopen(request, timeout=3600).read()
-                return time.perf_counter() - start
-
-            cold = sum(send([{**messages[0], "content": f"[request {k}]\n" + messages[0]["content"]}, *messages[1:]])
-                       for k, messages in enumerate(requests))
-            warm = sum(send(messages) for messages in requests)
+            runs = {}
+            for name, wrap in (("control, every prompt unique", Unique), ("judge order, prefixes reused", lambda j: j)):
+                judge = OpenAIJudge("smollm2-135m-instruct", base_url=server.base_url, api_key="sk-local",
+                                    request_timeout_s=600)
+                # no repairs: both arms send the same number of calls, whatever the answers
+                reward = DynamicRubricReward(wrap(judge), mode="separate", max_tokens=max_tokens, deadline_s=3600,
+                                             retries=0, max_repairs=0)
+                before = len(server.log_text())
+                result, wall = timed(reward.score_group, task, trajectories)
+                reused, evaluated, eval_s = llama_log_counts(server.log_text()[before:])
+                runs[name] = wall, eval_s
+                usage = result.total_usage
+                rows.append((f"llama.cpp, {name}", f"{wall:.0f} s wall, {usage.calls} calls, prompt tokens "
+                             f"{evaluated:,} evaluated ({eval_s:.0f} s) + {reused:,} reused, {usage.completion_tokens:,} "
+                             f"generated; {len(result.fallbacks)} fallbacks {result.fallbacks}", ""))
     except LlamaServerMissing as exc:
-        return f"llama.cpp prompt-cache saving: not measured ({exc})"
-    return (f"llama.cpp prompt-cache saving, {len(requests)} calls of a G={group_size} separate group: "
-            f"{1 - warm / cold:.0%} of prompt time ({warm:.1f} s in judge order vs {cold:.1f} s with no reusable prefix)")
+        return [], f"llama.cpp time saving: not measured ({exc})"
+    (cold_wall, cold_eval), (warm_wall, warm_eval) = runs.values()
+    return rows, (f"llama.cpp time saving, one G={group_size} separate group scored with SmolLM2 (one slot): "
+                  f"{1 - warm_wall / cold_wall:.0%} of wall time ({warm_wall:.0f} s vs {cold_wall:.0f} s), "
+                  f"{1 - warm_eval / max(cold_eval, 1e-9):.0%} of prompt evaluation ({warm_eval:.0f} s vs {cold_eval:.0f} s)")
 
 
 def timed(fn, *args):
@@ -168,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", type=int, default=4, help="groups scored at once / in the fault run")
     parser.add_argument("--fault-rate", type=float, default=0.3)
     parser.add_argument("--llama-group-size", type=int, default=2,
-                        help="G of the group replayed against llama.cpp's server (0: skip it)")
+                        help="G of the group scored against llama.cpp's server, with and without prefix reuse (0: skip it)")
+    parser.add_argument("--llama-max-tokens", type=int, default=256, help="the judge's max_tokens against llama.cpp")
     args = parser.parse_args(argv)
     L, G = args.latency, args.group_size
     rows: list[tuple[str, str, str]] = []
@@ -202,21 +243,22 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((f"{mode}: {args.groups} groups at once", f"{many_s:.3f} s = {many_s / (rounds_cold * L):.2f} x ({rounds_cold} rounds x L); "
                          f"client CPU {cpu:.2f} s", "<= 1.2"))
 
-        # prompt prefixes a server can reuse within a group
+        # prompt prefixes a server can reuse within a group: the task alone, and the task with
+        # the agent prompt an AppWorld task carries (the demo's), which every call repeats
+        from draco_gym.algos.demo import scripted_episodes
+
+        appworld_prompt = scripted_episodes()[0].task.agent_prompt
         tokens, unit = prompt_tokens()
         shares = {}
         for mode in ("separate", "fused"):
-            sent: list = []
-            task = Task(id=f"prefix-{mode}", instruction="Book the cheapest flight from Oslo to Rome and pay with the saved card.")
-            reward_for(server, mode, record=sent).score_group(task, make_group(task, G))
-            shares[mode], total = prefix_share(sent, tokens)
-            rows.append((f"{mode}: prompt {unit} that repeat an earlier prefix", f"{shares[mode]:.0%} of {total:,} "
-                         f"({len(sent)} calls)", ">= 60%"))
-        llama_requests: list = []
-        if args.llama_group_size:
-            task = Task(id="llama", instruction="Book the cheapest flight from Oslo to Rome and pay with the saved card.")
-            reward_for(server, "separate", record=llama_requests).score_group(
-                task, make_group(task, args.llama_group_size, n_steps=3, observation_repeats=10))
+            for prompt, label in (("", "task alone"), (appworld_prompt, f"+ AppWorld agent prompt, {len(appworld_prompt):,} chars")):
+                sent: list = []
+                task = Task(id=f"prefix-{mode}-{bool(prompt)}", agent_prompt=prompt,
+                            instruction="Book the cheapest flight from Oslo to Rome and pay with the saved card.")
+                reward_for(server, mode, record=sent).score_group(task, make_group(task, G))
+                shares[mode, bool(prompt)], total = prefix_share(sent, tokens)
+                rows.append((f"{mode}: prompt {unit} that repeat an earlier prefix ({label})",
+                             f"{shares[mode, bool(prompt)]:.0%} of {total:,} ({len(sent)} calls)", ">= 60%"))
 
         # disk cache: a second pass over the same groups pays for nothing
         with tempfile.TemporaryDirectory() as cache:
@@ -262,11 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     width = max(len(r[0]) for r in rows)
     for name, value, goal in rows:
         print(f"  {name:<{width}}  {value}" + (f"   [goal {goal}]" if goal else ""))
-    saving = llama_prompt_time(llama_requests, args.llama_group_size) if llama_requests else \
-        "llama.cpp prompt-cache saving: not measured (--llama-group-size 0)"
+    llama_rows, saving = llama_scoring(args.llama_group_size, args.llama_max_tokens) if args.llama_group_size else \
+        ([], "llama.cpp time saving: not measured (--llama-group-size 0)")
+    for name, value, _ in llama_rows:
+        print(f"  {name:<{width}}  {value}")
     print(f"  {saving}")
-    print(f"headline: prompt {unit} that repeat an earlier prefix of the group: separate {shares['separate']:.0%}, "
-          f"fused {shares['fused']:.0%} (goal >= 60%); {saving.split(': ', 1)[1]}")
+    print(f"headline: prompt {unit} that repeat an earlier prefix of the group, task alone / with an AppWorld agent "
+          f"prompt: separate {shares['separate', False]:.0%} / {shares['separate', True]:.0%}, fused "
+          f"{shares['fused', False]:.0%} / {shares['fused', True]:.0%} (goal >= 60%); {saving.split(': ', 1)[1]}")
     return 0
 
 

@@ -19,6 +19,7 @@ fallback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -27,7 +28,6 @@ import tempfile
 import time
 import weakref
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -83,7 +83,7 @@ class UsageMeter:
     def book(self, stage: str, **amounts: float) -> None:
         self._usage[stage] = self._usage.get(stage, StageUsage()).add(StageUsage(**amounts))
 
-    @contextmanager
+    @contextlib.contextmanager
     def timed(self, stage: str):
         start = time.perf_counter()
         try:
@@ -200,16 +200,114 @@ class JudgeSettings:
             raise ValueError(f"temperature must be in [0, 2], got {self.temperature}")
 
 
+class SlotGate:
+    """At most ``size`` calls at once. When a slot frees and calls wait, the one whose prompt
+    shares the longest prefix with the prompt sent last goes next (the oldest among equals):
+    a server that keeps only its last prompt's KV cache (llama-cpp-python) then reuses the
+    rules, task and rollout a rollout's score call just sent for its attribute call, instead
+    of recomputing them after another rollout's call. A waiting call passed over
+    ``max_passed`` times goes next, so none waits forever."""
+
+    def __init__(self, size: int, max_passed: int = 8) -> None:
+        self.size, self.max_passed = size, max_passed
+        self._busy = 0
+        self._waiting: list[list] = []  # [prompt, future, times passed over], oldest first
+        self._last = ""
+
+    @contextlib.asynccontextmanager
+    async def slot(self, prompt: str):
+        if self._busy < self.size and not self._waiting:
+            self._busy += 1
+        else:
+            entry = [prompt, asyncio.get_running_loop().create_future(), 0]
+            self._waiting.append(entry)
+            try:
+                await entry[1]
+            except asyncio.CancelledError:
+                if entry in self._waiting:
+                    self._waiting.remove(entry)
+                elif entry[1].done() and not entry[1].cancelled():
+                    self._release()  # the slot was handed over as this call was cancelled
+                raise
+        self._last = prompt
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        # The choice waits one turn of the event loop: a call that just ended and continues
+        # its rollout (score, then attribute) queues its next call in that turn.
+        asyncio.get_running_loop().call_soon(self._hand_over)
+
+    def _hand_over(self) -> None:
+        if not self._waiting:
+            self._busy -= 1
+            return
+        oldest = self._waiting[0]
+        if oldest[2] >= self.max_passed:
+            chosen = 0
+        else:
+            shared = [common_prefix_len(self._last, entry[0]) for entry in self._waiting]
+            chosen = shared.index(max(shared))
+        for entry in self._waiting[:chosen]:
+            entry[2] += 1
+        entry = self._waiting.pop(chosen)
+        entry[1].set_result(None)  # the slot passes to it: _busy is unchanged
+
+
+def common_prefix_len(a: str, b: str) -> int:
+    """Characters ``a`` and ``b`` share at their start (bisection over C-level slice
+    comparisons: prompts run to tens of thousands of characters)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def prompt_text(messages: list[dict[str, str]]) -> str:
+    return "".join(f"\x00{m.get('role', '')}\x01{m.get('content') or ''}" for m in messages)
+
+
+_SERVER_GATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def server_gate(server: str, slots: int) -> SlotGate:
+    """The gate of one judge server (a base URL) in this event loop, shared by every client
+    that talks to it: two rewards on one one-slot server still send one request at a time."""
+    gates = _SERVER_GATES.setdefault(asyncio.get_running_loop(), {})
+    gate = gates.get(server)
+    if gate is None or gate.size != slots:
+        gate = gates[server] = SlotGate(slots)
+    return gate
+
+
 class _LoopState:
     """asyncio primitives are bound to one event loop; each loop gets its own."""
 
-    def __init__(self, settings: JudgeSettings, server_slots: int | None = None) -> None:
+    def __init__(self, settings: JudgeSettings, server_slots: int | None = None, server: str | None = None) -> None:
         self.concurrency = min(settings.max_concurrency, server_slots or settings.max_concurrency)
-        self.slots = asyncio.Semaphore(self.concurrency)
+        self.server = server_gate(server, server_slots) if server is not None and server_slots else None
+        self.slots = SlotGate(settings.max_concurrency if self.server is not None else self.concurrency)
         rpm, tpm = settings.requests_per_minute, settings.tokens_per_minute
         window = settings.rate_window_s
         self.requests = AsyncLimiter(rpm, window) if rpm else None
         self.tokens = AsyncLimiter(tpm, window) if tpm else None
+
+    @contextlib.asynccontextmanager
+    async def slot(self, messages: list[dict[str, str]]):
+        """This client's concurrency slot, then the server's (when its slots are known)."""
+        prompt = prompt_text(messages)
+        async with self.slots.slot(prompt):
+            if self.server is None:
+                yield
+                return
+            async with self.server.slot(prompt):
+                yield
 
 
 class JudgeClient:
@@ -257,7 +355,8 @@ class JudgeClient:
         async with self._probes.setdefault(loop, asyncio.Lock()):  # the first caller asks the server
             state = self._loops.get(loop)
             if state is None:
-                state = self._loops[loop] = _LoopState(self.settings, await self._server_slots())
+                state = self._loops[loop] = _LoopState(self.settings, await self._server_slots(),
+                                                              getattr(self.judge, "server", None))
         return state
 
     async def _server_slots(self) -> int | None:
@@ -339,7 +438,7 @@ class JudgeClient:
         try:
             async for attempt in retrying:
                 with attempt:
-                    async with state.slots:
+                    async with state.slot(messages):
                         await self._rate_limit(state, messages)
                         return await asyncio.wait_for(self._judge_call(stage, messages, schema, sample),
                                                       timeout=settings.deadline_s)

@@ -170,6 +170,78 @@ def _bounded_strings(schema: Any, max_chars: int = 300) -> Any:
     return schema
 
 
+_TITLE_WORD = r"[A-Za-z0-9][A-Za-z0-9,'/()&:-]{0,23}"
+"""A word of a criterion title: a letter or digit first, at most 24 characters, no period
+(SmolLM2 wrote "but..." to end a title copied from the prompt's "..." placeholder)."""
+# ~3 characters a token: fewer characters per token than English prose takes, so strings
+# sized by it fit the token budget
+_CHARS_PER_TOKEN = 3
+
+
+def grammar_ready(schema: dict, stage: str, max_tokens: int) -> dict:
+    """The stage's schema as llama.cpp's grammar should enforce it (its ``json_object`` +
+    ``schema`` form): tightened like the in-process constrained judge's
+    (``local_judge.grammar_schema``: one verdict per criterion in rubric order, each PASS
+    or FAIL citing a step, no unnamed keys, open lists capped), a criterion title of
+    ``TITLE_WORDS`` words that start with a letter or digit (so a small model cannot copy
+    the prompt's "..." placeholder as a title), and every string short enough that a whole
+    answer fits ``max_tokens`` (60 to 300 characters each, and fewer criteria in an open
+    list when 60 would not fit: ``_fit_answer``). The title pattern names its characters (no quote, no
+    backslash, no control character): llama.cpp turns a pattern into grammar verbatim, so a
+    negated class would let a raw quote end the JSON string early."""
+    from draco_gym.reward.answers import TITLE_WORDS
+    from draco_gym.reward.local_judge import grammar_schema
+
+    tight = grammar_schema(schema, stage)
+    title = tight.get("properties", {}).get("criteria", {}).get("items", {}).get("properties", {}).get("title")
+    if isinstance(title, dict) and "pattern" in title:
+        low, high = TITLE_WORDS
+        title["pattern"] = rf"^{_TITLE_WORD}( {_TITLE_WORD}){{{low - 1},{high - 1}}}$"
+    chars = _fit_answer(tight, max_tokens)  # first: it may shorten the criteria list in place
+    return _bounded_strings(_enumerated_steps(tight), chars)
+
+
+def _enumerated_steps(schema: Any) -> Any:
+    """Bounded integers (a rollout's step numbers) as an enum: llama-cpp-python's grammar
+    converter ignores ``minimum`` and ``maximum`` (a live attribute answer cited step 4 of a
+    2-step rollout), every converter honours an enum."""
+    if isinstance(schema, list):
+        return [_enumerated_steps(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _enumerated_steps(v) for k, v in schema.items()}
+    low, high = out.get("minimum"), out.get("maximum")
+    if out.get("type") == "integer" and isinstance(low, int) and isinstance(high, int) and 0 <= high - low < 1000:
+        out = {"enum": list(range(low, high + 1))}
+    return out
+
+
+_MIN_STRING_CHARS = 60
+"""Below this a criterion's title or a piece of evidence no longer fits."""
+
+
+def _fit_answer(schema: dict, max_tokens: int) -> int:
+    """The character cap of every string such that the longest answer the grammar allows
+    fits ``max_tokens``; when even strings of ``_MIN_STRING_CHARS`` would not fit, the
+    open list of criteria (propose, augment, merge) is shortened first, in place. A small
+    model under a grammar keeps adding criteria until it is stopped: a merge answer cut by
+    max_tokens is unterminated JSON."""
+    from draco_gym.reward.local_judge import DoesNotFit, string_budget
+
+    def budget() -> int:
+        try:
+            return string_budget(schema, max_tokens, lambda text: len(text) // _CHARS_PER_TOKEN + 1) * _CHARS_PER_TOKEN
+        except DoesNotFit:
+            return 0
+
+    criteria = schema.get("properties", {}).get("criteria")
+    chars = budget()
+    while chars < _MIN_STRING_CHARS and isinstance(criteria, dict) and criteria.get("maxItems", 0) > 1:
+        criteria["maxItems"] -= 1
+        chars = budget()
+    return max(_MIN_STRING_CHARS, min(300, chars))
+
+
 class FormatRefused(JudgeUnavailable):
     """The server refuses the structured-output form, and no other form is left to try (it
     was forced, or plain text was refused too): sending the same request again cannot help."""
@@ -266,6 +338,11 @@ class OpenAIJudge:
     def identity(self) -> dict[str, Any]:
         """What makes two judges answer alike: part of every cache key (never the key)."""
         return {"kind": "openai", "model": self.model, "base_url": self.base_url, **({"extra_body": self.extra_body} if self.extra_body else {})}
+
+    @property
+    def server(self) -> str:
+        """The server this judge talks to (its base URL): clients of one server share its slots."""
+        return _url_key(self.base_url)
 
     @property
     def cancel_stops_work(self) -> bool:
@@ -387,13 +464,13 @@ class OpenAIJudge:
                     _url_key(self.base_url), sent_format, _short(Exception(message)), profile.format)
         return True
 
-    def _response_format(self, form: str, schema: dict | None, schema_name: str) -> dict | None:
+    def _response_format(self, form: str, schema: dict | None, schema_name: str, max_tokens: int) -> dict | None:
         if schema is None or form == "none":
             return None
         if form == "json_object":
             return {"type": "json_object"}
         if form == "json_object_schema":
-            return {"type": "json_object", "schema": _bounded_strings(schema)}
+            return {"type": "json_object", "schema": grammar_ready(schema, schema_name, max_tokens)}
         strict = server_profile(self.base_url) is not None and server_profile(self.base_url).family == "openai" \
             and _strict_ready(schema)
         return {"type": "json_schema", "json_schema": {"name": schema_name, "schema": schema, "strict": strict}}
@@ -403,7 +480,7 @@ class OpenAIJudge:
         request: dict[str, Any] = {"model": self.model, "messages": messages, self._token_param: max_tokens}
         if self._send_temperature:
             request["temperature"] = temperature
-        response_format = self._response_format(form, schema, schema_name)
+        response_format = self._response_format(form, schema, schema_name, max_tokens)
         if response_format is not None:
             request["response_format"] = response_format
         if self.stream:

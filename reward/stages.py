@@ -217,7 +217,9 @@ async def final_verdicts(client: JudgeClient, meter: UsageMeter, fallbacks: list
             except StageFailed as exc:
                 return exc
 
-        results = await asyncio.gather(*(sample(k) for k in range(samples)))
+        # one sample is awaited directly: its rollout's attribute call then queues for the
+        # judge's slot in the same turn of the event loop as the score call ends (SlotGate)
+        results = [await sample(0)] if samples == 1 else await asyncio.gather(*(sample(k) for k in range(samples)))
         answered = any(not isinstance(r, StageFailed) for r in results)
         for k, r in enumerate(results):
             if isinstance(r, StageFailed):

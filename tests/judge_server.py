@@ -78,10 +78,13 @@ class JudgeRequest:
 
     @property
     def titles(self) -> list[str]:
-        """Criterion titles, from the schema's enum (sent in json_schema mode)."""
+        """Criterion titles, from the schema (sent in json_schema and json_object + schema modes)."""
         try:
             key = next(iter(self.schema["properties"]))
-            return list(self.schema["properties"][key]["items"]["properties"]["criterion"]["enum"])
+            array = self.schema["properties"][key]
+            if "prefixItems" in array:  # one item per title, in rubric order (llama.cpp's grammar form)
+                return [(item.get("anyOf") or [item])[0]["properties"]["criterion"]["const"] for item in array["prefixItems"]]
+            return list(array["items"]["properties"]["criterion"]["enum"])
         except (TypeError, KeyError, StopIteration):
             return []
 

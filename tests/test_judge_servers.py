@@ -6,12 +6,13 @@ one-slot server."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
 import pytest
 from judge_server import DIALECTS, JudgeServer, ScriptedJudge
-from reward_fixtures import TASK, assert_hand_computed, group, script
+from reward_fixtures import MARKERS, TASK, assert_hand_computed, group, script
 
 from draco_gym.reward import DynamicRubricReward, OpenAIJudge
 from draco_gym.reward.judges import server_profile
@@ -45,6 +46,16 @@ def sent_forms(server: JudgeServer) -> set[str]:
         f = r.response_format or {}
         out.add("none" if not f else "json_object_schema" if "schema" in f else f["type"])
     return out
+
+
+def uncapped_strings(schema) -> list:
+    """Free-text strings of a schema without a maxLength."""
+    if isinstance(schema, list):
+        return [s for v in schema for s in uncapped_strings(v)]
+    if not isinstance(schema, dict):
+        return []
+    own = [schema] if schema.get("type") == "string" and "enum" not in schema and "maxLength" not in schema else []
+    return own + [s for v in schema.values() for s in uncapped_strings(v)]
 
 
 def test_every_family_is_covered():
@@ -84,7 +95,7 @@ def test_llama_cpp_python_500_naming_the_format_steps_down_and_is_remembered(cap
     assert all(r.response_format == {"type": "json_object", "schema": r.response_format["schema"]}
                for r in server.requests if r.status == 200)
     # strings are capped, so the grammar ends every answer before max_tokens cuts it off
-    assert all('"maxLength": 300' in json.dumps(r.response_format["schema"]) for r in server.requests if r.status == 200)
+    assert all(uncapped_strings(r.response_format["schema"]) == [] for r in server.requests if r.status == 200)
     assert all(r.status == 200 for r in server.requests[before:])
     steps = [m for m in caplog.messages if "refused structured output" in m]
     assert len(steps) == 1 and "now sending json_object_schema" in steps[0]
@@ -108,6 +119,39 @@ def test_a_one_slot_server_gets_one_request_at_a_time(mode):
         result = make_reward(server, mode, max_concurrency=16).score_group(TASK, group())
     assert result.fallbacks == []
     assert_hand_computed(result)
+    assert server.max_open == 1
+    assert not any(r.interrupted for r in server.requests)
+
+
+def _rollout(record) -> str | None:
+    return next((m for m in MARKERS if m in record.messages[1]["content"]), None)
+
+
+def test_a_one_slot_server_gets_each_attribute_call_right_after_its_rollouts_score_call():
+    """llama-cpp-python keeps only its last prompt's KV cache: the client sends a rollout's
+    attribute call straight after its score call (which shares the rules, task, rollout and
+    rubric), not after the other rollouts' score calls."""
+    with JudgeServer(ScriptedJudge(script()), dialect="llama_cpp_python", token_s=0.002) as server:
+        result = make_reward(server).score_group(TASK, group())
+    assert result.fallbacks == []
+    assert_hand_computed(result)
+    verdict_calls = [(r.stage, _rollout(r)) for r in server.requests if r.stage in ("score", "attribute")]
+    assert len(verdict_calls) == 6
+    for (stage, rollout), (next_stage, next_rollout) in zip(verdict_calls[::2], verdict_calls[1::2], strict=True):
+        assert (stage, next_stage, next_rollout) == ("score", "attribute", rollout), verdict_calls
+
+
+def test_two_rewards_on_one_one_slot_server_send_one_request_at_a_time():
+    """The slot limit belongs to the server (its base URL), not to one client: two rewards
+    scoring at once on a llama-cpp-python server never have two requests open."""
+    with JudgeServer(ScriptedJudge(script()), dialect="llama_cpp_python", token_s=0.002) as server:
+        first, second = make_reward(server), make_reward(server)
+
+        async def both():
+            return await asyncio.gather(first.ascore_group(TASK, group()), second.ascore_group(TASK, group()))
+
+        results = asyncio.run(both())
+    assert [r.fallbacks for r in results] == [[], []]
     assert server.max_open == 1
     assert not any(r.interrupted for r in server.requests)
 
@@ -192,3 +236,92 @@ def test_a_rollouts_calls_share_the_rules_task_and_rollout_as_prefix(mode):
         assert TASK.instruction in shared and marker in shared and shared.rstrip().endswith("</trajectory>")
     share, _ = prefix_share([r.messages for r in server.requests], lambda m: list(json.dumps(m)))
     assert share >= 0.5, share
+
+
+TITLES = ["Finds the cheapest flight", "Books exactly one ticket", "Pays with the saved card"]
+
+
+@pytest.mark.parametrize("stage", ["propose", "augment", "merge"])
+def test_llama_cpp_grammar_holds_criterion_titles_to_the_title_rule(stage):
+    """The form llama.cpp decodes under: a title is 3 to 8 words, each starting with a letter
+    or digit (SmolLM2 copied the prompt's "..." as titles under the bare schema), and no
+    quote or backslash can end the JSON string early."""
+    import re
+
+    from draco_gym.reward.answers import answer_schema
+    from draco_gym.reward.judges import grammar_ready
+
+    schema = grammar_ready(answer_schema(stage, max_items=10), stage, 1024)
+    title = re.compile(schema["properties"]["criteria"]["items"]["properties"]["title"]["pattern"])
+    assert all(title.fullmatch(t) for t in [*TITLES, "Reads all 3 pages: API paginates"])
+    for bad in ["...", "... ... ...", "Two words", 'Says "done" without checking', "A b c d e f g h i", "Tab\tin title"]:
+        assert not title.fullmatch(bad), bad
+    assert uncapped_strings(schema) == []
+    assert schema["properties"]["criteria"]["items"]["additionalProperties"] is False
+
+
+@pytest.mark.parametrize("stage", ["score", "attribute", "score_attribute"])
+def test_llama_cpp_grammar_asks_one_verdict_per_criterion_in_order_and_fits_max_tokens(stage):
+    from draco_gym.reward.answers import answer_schema
+    from draco_gym.reward.judges import grammar_ready
+
+    schema = grammar_ready(answer_schema(stage, titles=TITLES, n_steps=4), stage, 1024)
+    (array,) = schema["properties"].values()
+    items = array["prefixItems"]
+    consts = [(i.get("anyOf") or [i])[0]["properties"]["criterion"]["const"] for i in items]
+    assert consts == TITLES and array["items"] is False
+    # step numbers as an enum: llama-cpp-python's converter ignores minimum and maximum
+    if stage != "score":
+        steps = [(i.get("anyOf") or [i])[0]["properties"]["steps"]["items"] for i in items]
+        assert all(s == {"enum": [1, 2, 3, 4]} for s in steps), steps
+    # a rubric of 15 criteria: each text gets less room in 1024 tokens than in 4096, never under 60 characters
+    fifteen = [f"Criterion number {k} holds" for k in range(15)]
+    caps = {limit: {s["maxLength"] for s in _strings(grammar_ready(answer_schema(stage, titles=fifteen, n_steps=4),
+                                                                    stage, limit))} for limit in (1024, 4096)}
+    assert 60 <= min(caps[1024]) and max(caps[1024]) < max(caps[4096]) <= 300, caps
+
+
+def _strings(schema) -> list:
+    if isinstance(schema, list):
+        return [s for v in schema for s in _strings(v)]
+    if not isinstance(schema, dict):
+        return []
+    own = [schema] if schema.get("type") == "string" and "maxLength" in schema else []
+    return own + [s for v in schema.values() for s in _strings(v)]
+
+
+def test_llama_cpp_compiles_every_stage_grammar():
+    """llama-cpp-python falls back to plain JSON, silently, when a schema does not compile;
+    every stage's grammar must compile (runs where the llamacpp extra is installed)."""
+    grammar = pytest.importorskip("llama_cpp.llama_grammar")
+    from draco_gym.reward.answers import answer_schema
+    from draco_gym.reward.judges import grammar_ready
+    from draco_gym.reward.stages import SEGMENT_SCHEMA
+
+    for stage, options in [("propose", {"max_items": 15}), ("augment", {"max_items": 10}), ("merge", {"max_items": 24}),
+                           ("score", {"titles": TITLES, "n_steps": 5}), ("attribute", {"titles": TITLES, "n_steps": 5}),
+                           ("score_attribute", {"titles": TITLES, "n_steps": 5})]:
+        for max_tokens in (1024, 4096):
+            schema = grammar_ready(answer_schema(stage, **options), stage, max_tokens)
+            grammar.LlamaGrammar.from_string(grammar.json_schema_to_gbnf(json.dumps(schema)), verbose=False)
+    grammar.LlamaGrammar.from_string(grammar.json_schema_to_gbnf(json.dumps(grammar_ready(SEGMENT_SCHEMA, "segment", 1024))),
+                                     verbose=False)
+
+
+def test_llama_cpp_grammar_shortens_an_open_criteria_list_that_would_not_fit_max_tokens():
+    """SmolLM2 under llama.cpp's grammar kept adding merged criteria until max_tokens cut the
+    JSON (the live run's merge fallback): the grammar allows only as many criteria as fit,
+    each text at least 60 characters."""
+    from draco_gym.reward.answers import answer_schema
+    from draco_gym.reward.judges import grammar_ready
+
+    for stage, limit in (("propose", 15), ("augment", 10), ("merge", 24)):
+        small = grammar_ready(answer_schema(stage, max_items=limit), stage, 1024)
+        large = grammar_ready(answer_schema(stage, max_items=limit), stage, 16384)
+        assert 1 <= small["properties"]["criteria"]["maxItems"] < limit == large["properties"]["criteria"]["maxItems"]
+        assert min(s["maxLength"] for s in _strings(small)) >= 60
+        # the longest answer the grammar allows, at ~3 characters a token, fits 1024 tokens
+        longest = small["properties"]["criteria"]["maxItems"] * sum(
+            s["maxLength"] + 20 for s in _strings(small["properties"]["criteria"]["items"])
+            for _ in range(1 if s is not small["properties"]["criteria"]["items"]["properties"].get("grounding_references", {}).get("items") else 4))
+        assert longest / 3 < 1024, longest

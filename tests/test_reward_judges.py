@@ -261,3 +261,40 @@ def test_options_as_yaml_configs_write_them():
     assert build_reward("outcome", metric="success").metric == "success"
     with pytest.raises(TypeError, match="temprature"):
         build_reward("dynamic", judge=judge, temprature=0.1)  # a misspelt option is an error, not ignored
+
+
+def test_slot_gate_serves_the_waiting_prompt_that_shares_most_with_the_last_one():
+    """On a one-slot server the next call is the one whose prompt continues the last prompt
+    (its prefix is in the server's KV cache), oldest first among equals; a call passed over
+    max_passed times goes next; a cancelled waiter never takes or leaks the slot."""
+    from draco_gym.reward.judge_client import SlotGate
+
+    async def main():
+        gate = SlotGate(1, max_passed=2)
+        order = []
+
+        async def call(prompt: str, hold: float = 0.01):
+            async with gate.slot(prompt):
+                order.append(prompt)
+                await asyncio.sleep(hold)
+
+        first = asyncio.create_task(call("rules|task|rollout-1|score"))
+        await asyncio.sleep(0)
+        waiting = [asyncio.create_task(call(p)) for p in
+                   ("rules|task|rollout-2|score", "rules|task|rollout-3|score", "rules|task|rollout-1|attribute")]
+        cancelled = asyncio.create_task(call("rules|task|rollout-1|score|cancelled"))
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        await asyncio.gather(first, *waiting, return_exceptions=True)
+        holder = asyncio.create_task(call("same", 0.005))
+        await asyncio.sleep(0)
+        starved = [asyncio.create_task(call(p, 0.005)) for p in ("other", *("same" * k for k in range(2, 5)))]
+        await asyncio.gather(holder, *starved)
+        return order, gate._busy
+
+    order, busy = asyncio.run(main())
+    assert order[:4] == ["rules|task|rollout-1|score", "rules|task|rollout-1|attribute",
+                         "rules|task|rollout-2|score", "rules|task|rollout-3|score"]
+    assert "cancelled" not in " ".join(order) and busy == 0
+    # "other" shares nothing with the "same..." prompts: passed over twice, then served
+    assert order[4:] == ["same", "samesame", "samesamesame", "other", "samesamesamesame"], order[4:]
