@@ -3,8 +3,10 @@
     python bench/measure_run.py -- draco-gym train configs/quickstart.yaml
 
 Ray's raylet, GCS and worker processes are descendants of the driver, so the tree's
-summed RSS covers the actors too. RSS counts shared pages once per process, so the figure
-is an upper bound on what the run needs.
+summed memory covers the actors too. Two sums are reported at their peaks: RSS counts a page
+shared by several processes (torch's libraries, Ray's shared objects) once per process, an
+upper bound; PSS splits each shared page among the processes sharing it, so the tree's PSS
+is the memory the run occupies (Linux; RSS alone elsewhere).
 """
 
 from __future__ import annotations
@@ -17,17 +19,19 @@ import time
 import psutil
 
 
-def tree_rss(root: psutil.Process) -> tuple[int, list[tuple[int, str]]]:
-    total, parts = 0, []
+def tree_memory(root: psutil.Process) -> tuple[int, int, list[tuple[int, str]]]:
+    """Summed RSS and PSS of ``root`` and its descendants, and each process's RSS."""
+    rss_total, pss_total, parts = 0, 0, []
     for proc in [root, *root.children(recursive=True)]:
         try:
-            rss = proc.memory_info().rss
+            info = proc.memory_full_info()
             name = " ".join(proc.cmdline()[:2])[-60:]
         except psutil.Error:
             continue
-        total += rss
-        parts.append((rss, name))
-    return total, sorted(parts, reverse=True)
+        rss_total += info.rss
+        pss_total += getattr(info, "pss", info.rss)
+        parts.append((info.rss, name))
+    return rss_total, pss_total, sorted(parts, reverse=True)
 
 
 def main(argv: list[str]) -> int:
@@ -39,24 +43,27 @@ def main(argv: list[str]) -> int:
     t0 = time.time()
     proc = subprocess.Popen(argv)
     root = psutil.Process(proc.pid)
-    peak = [0, []]
+    peak = {"rss": 0, "pss": 0, "parts": []}
 
     def watch() -> None:
         while proc.poll() is None:
             try:
-                total, parts = tree_rss(root)
+                rss, pss, parts = tree_memory(root)
             except psutil.Error:
-                total, parts = 0, []
-            if total > peak[0]:
-                peak[0], peak[1] = total, parts
+                rss, pss, parts = 0, 0, []
+            if rss > peak["rss"]:
+                peak["rss"], peak["parts"] = rss, parts
+            peak["pss"] = max(peak["pss"], pss)
             time.sleep(0.5)
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     rc = proc.wait()
     thread.join(timeout=2)
-    print(f"[measure] exit={rc} wall={time.time() - t0:.1f}s peak_tree_rss={peak[0] / 2**30:.2f}GiB", flush=True)
-    for rss, name in peak[1][:8]:
+    print(f"[measure] exit={rc} wall={time.time() - t0:.1f}s peak_tree_pss={peak['pss'] / 2**30:.2f}GiB "
+          f"peak_tree_rss={peak['rss'] / 2**30:.2f}GiB (upper bound)", flush=True)
+    print("[measure] at the RSS peak, per process (RSS):")
+    for rss, name in peak["parts"][:8]:
         print(f"[measure]   {rss / 2**20:8.0f} MiB  {name}")
     return rc
 
