@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from draco_gym.registry import Registry
+from draco_gym.reward.local_judge import TITLE_WORD_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -170,8 +171,8 @@ def _bounded_strings(schema: Any, max_chars: int = 300) -> Any:
     return schema
 
 
-_TITLE_WORD = r"[A-Za-z0-9][A-Za-z0-9,'/()&:-]{0,23}"
-"""A word of a criterion title: a letter or digit first, at most 24 characters, no period
+_TITLE_WORD = rf"[A-Za-z0-9][A-Za-z0-9,'/()&:-]{{0,{TITLE_WORD_CHARS - 1}}}"
+"""A word of a criterion title: a letter or digit first, at most ``TITLE_WORD_CHARS``, no period
 (SmolLM2 wrote "but..." to end a title copied from the prompt's "..." placeholder)."""
 # ~3 characters a token: fewer characters per token than English prose takes, so strings
 # sized by it fit the token budget
