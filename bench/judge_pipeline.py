@@ -44,6 +44,7 @@ from judge_server import RuleJudge, ServerProcess  # noqa: E402
 from llama_server import LlamaServer, LlamaServerMissing  # noqa: E402
 
 from draco_gym.reward import DynamicRubricReward, OpenAIJudge  # noqa: E402
+from draco_gym.reward.judge_client import common_prefix_len  # noqa: E402
 from draco_gym.types import Step, Task, Trajectory  # noqa: E402
 
 CRITERIA = [
@@ -120,14 +121,7 @@ def prefix_share(requests: list[list[dict]], tokens) -> tuple[float, int]:
     shared = total = 0
     for messages in requests:
         ids = tokens(messages)
-        best = 0
-        for earlier in seen:
-            n = 0
-            for a, b in zip(ids, earlier):
-                if a != b:
-                    break
-                n += 1
-            best = max(best, n)
+        best = max((common_prefix_len(ids, earlier) for earlier in seen), default=0)
         shared, total = shared + best, total + len(ids)
         seen.append(ids)
     return shared / max(total, 1), total

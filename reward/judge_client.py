@@ -27,7 +27,7 @@ import os
 import tempfile
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -256,9 +256,9 @@ class SlotGate:
         entry[1].set_result(None)  # the slot passes to it: _busy is unchanged
 
 
-def common_prefix_len(a: str, b: str) -> int:
-    """Characters ``a`` and ``b`` share at their start (bisection over C-level slice
-    comparisons: prompts run to tens of thousands of characters)."""
+def common_prefix_len(a: Sequence, b: Sequence) -> int:
+    """Items (characters, token ids) ``a`` and ``b`` share at their start (bisection over
+    C-level slice comparisons: prompts run to tens of thousands of characters)."""
     low, high = 0, min(len(a), len(b))
     while low < high:
         mid = (low + high + 1) // 2
@@ -290,9 +290,11 @@ class _LoopState:
     """asyncio primitives are bound to one event loop; each loop gets its own."""
 
     def __init__(self, settings: JudgeSettings, server_slots: int | None = None, server: str | None = None) -> None:
-        self.concurrency = min(settings.max_concurrency, server_slots or settings.max_concurrency)
         self.server = server_gate(server, server_slots) if server is not None and server_slots else None
-        self.slots = SlotGate(settings.max_concurrency if self.server is not None else self.concurrency)
+        # the server's gate holds it to its slots; without one this client's own cap does
+        own = settings.max_concurrency if self.server is not None else min(settings.max_concurrency,
+                                                                           server_slots or settings.max_concurrency)
+        self.slots = SlotGate(own)
         rpm, tpm = settings.requests_per_minute, settings.tokens_per_minute
         window = settings.rate_window_s
         self.requests = AsyncLimiter(rpm, window) if rpm else None
