@@ -104,8 +104,10 @@ class SandboxedInterpreter:
 
     def run(self, code: str, timeout_s: float) -> dict[str, Any]:
         """Run one block; raises TimeoutError (process killed) or SandboxError (it died)."""
-        if self._proc is None or self._proc.poll() is not None:
+        if self._proc is None:
             raise SandboxError("the interpreter is not running")
+        if self._proc.poll() is not None:
+            raise SandboxError(self._death())
         try:
             self._channel.send({"code": code})
         except OSError as exc:
@@ -120,9 +122,13 @@ class SandboxedInterpreter:
         try:
             return self._channel.receive(deadline)
         except EOFError:
-            code = self._proc.wait()
-            reason = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-            raise SandboxError(f"the interpreter died ({reason})") from None
+            raise SandboxError(self._death()) from None
+
+    def _death(self) -> str:
+        """One message for a dead interpreter, whether its exit was seen before or after sending."""
+        code = self._proc.wait()
+        reason = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        return f"the interpreter died ({reason})"
 
     def _stderr(self) -> str:
         if self._proc is None or self._proc.stderr is None:

@@ -167,10 +167,13 @@ def test_infinite_loop_times_out_and_variables_are_restored():
     e.close()
 
 
-def test_killed_interpreter_is_restarted_and_replayed(env):
+@pytest.mark.parametrize("reaped", [False, True], ids=["seen-while-reading", "seen-before-sending"])
+def test_killed_interpreter_is_restarted_and_replayed(env, reaped):
     env.reset(seed=0)
     env.step(code("w = add(3, 4)"))
     os.killpg(env._interpreter._proc.pid, signal.SIGKILL)
+    if reaped:  # the exit is noticed before the next block is sent, not while reading its reply
+        env._interpreter._proc.wait()
     obs, _, term, _, info = env.step(code("print(w)"))
     assert info["exec_error"] == "SandboxError" and "died" in obs and not term
     assert env.step(code("print(w * 2)"))[0].strip() == "14"
