@@ -103,6 +103,10 @@ def weights_digest(state: dict) -> str:
     return h.hexdigest()[:16]
 
 
+# Marks a weight sync that follows a checkpoint restore (see ``LLMEnvRunner.set_state``).
+RESTORED = "restored"
+
+
 def episode_limits(config) -> EpisodeLimits:
     return EpisodeLimits(**{key: getattr(config, key) for key in EpisodeLimits.model_fields})
 
@@ -217,10 +221,14 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return {COMPONENT_RL_MODULE: self.module.get_state(), WEIGHTS_SEQ_NO: self._weights_seq_no}
 
     def set_state(self, state: dict) -> None:
+        """The learner's adapter, when newer than this runner's. A ``RESTORED`` state (a
+        checkpoint loaded into the trainer) replaces it whatever its version: an older
+        checkpoint, or another run's at the same version, is still the policy to sample."""
         if COMPONENT_RL_MODULE not in state:
             return
         seq = state.get(WEIGHTS_SEQ_NO, 0)
-        if seq == 0 or seq > self._weights_seq_no:
+        restored = state.get(RESTORED, False)
+        if restored or seq == 0 or seq > self._weights_seq_no:
             weights = state[COMPONENT_RL_MODULE]
             if isinstance(weights, ray.ObjectRef):
                 weights = ray.get(weights)
@@ -230,7 +238,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
                 import tempfile
 
                 self.sampler.set_adapter(self.module.save_adapter(tempfile.mkdtemp(prefix="draco_lora_")))
-        self._weights_seq_no = max(self._weights_seq_no, seq)
+        self._weights_seq_no = seq if restored else max(self._weights_seq_no, seq)
 
     def get_ctor_args_and_kwargs(self):
         return (), {"config": self.config}

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import ray
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
-from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, LEARNER_RESULTS, NUM_ENV_STEPS_SAMPLED,
@@ -40,7 +41,7 @@ from draco_gym.algos.batch import shard_rows, token_batch
 from draco_gym.algos.config import KNOBS, ConfigError, RunConfig, check_knobs, knob_defaults, knob_values
 from draco_gym.algos.credit import CREDIT_RULES, get_credit_rule
 from draco_gym.algos.credit.apply import CreditedBatch, apply_credit
-from draco_gym.algos.env_runner import LLMEnvRunner, env_source
+from draco_gym.algos.env_runner import RESTORED, LLMEnvRunner, env_source
 from draco_gym.algos.learner import GRPOTorchLearner
 from draco_gym.algos.models import resolve_model
 from draco_gym.algos.module import HFPolicyModule
@@ -181,7 +182,6 @@ class GRPO(Algorithm):
             # Inside Tune too: the trial starts from the checkpoint's adapter, optimizer state
             # and iteration count, so the task draws and seeds continue where they left off.
             self.restore_from_path(str(Path(self.config.restore_from).resolve()))
-            self.sync_weights()
 
     # -- one iteration -------------------------------------------------------------------------
 
@@ -304,6 +304,20 @@ class GRPO(Algorithm):
         """The learner's LoRA weights to every env runner: the next rollouts are on-policy."""
         self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True,
                                            timeout_seconds=self.config.sync_timeout_s)
+
+    def restore_from_path(self, path, *args, **kwargs) -> None:
+        """RLlib's restore, then the restored adapter pushed to every env runner, waiting for
+        each. RLlib's own push after a restore does not wait, and is dropped while an earlier
+        push to that runner is still in flight (one request per runner at a time), and a
+        runner keeps weights newer than the ones it is sent: either way the first iteration
+        after a restore would sample with the wrong policy."""
+        super().restore_from_path(path, *args, **kwargs)
+        state = self.learner_group.get_state(components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}",
+                                             inference_only=True)[COMPONENT_LEARNER]
+        restored = {COMPONENT_RL_MODULE: ray.put(state[COMPONENT_RL_MODULE]), WEIGHTS_SEQ_NO: state[WEIGHTS_SEQ_NO],
+                    RESTORED: True}
+        self.env_runner_group.foreach_env_runner("set_state", local_env_runner=False, kwargs={"state": restored},
+                                                 timeout_seconds=self.config.sync_timeout_s)
 
     def _log(self, metrics: dict[str, Any]) -> None:
         """The iteration's metrics into RLlib's result tree (``env_runners/episode_return_mean``

@@ -112,6 +112,35 @@ def test_two_iterations_checkpoint_and_exact_resume(ray_session, tiny_model, tmp
     assert [r["trajectory"]["token_ids"] for r in rollouts[6:12]] == [r["trajectory"]["token_ids"] for r in rollouts[12:]]
 
 
+def test_restore_puts_the_checkpoint_policy_on_every_env_runner(ray_session, tiny_model, tmp_path):
+    """Restoring into a live trainer: an older checkpoint, while an earlier weight push to the
+    runner is still in flight. RLlib's own push after a restore is dropped in that case (one
+    request per runner at a time), and a runner would keep its newer weights anyway."""
+    import time
+
+    from draco_gym.algos.env_runner import weights_digest
+
+    algo = make_config(tiny_model, tmp_path / "run").build_algo()
+    try:
+        algo.train()
+        checkpointed = weights_digest(lora_state(algo))
+        ckpt = algo.save_to_path(str(tmp_path / "ckpt"))
+        algo.train()
+        assert weights_digest(lora_state(algo)) != checkpointed
+        algo.env_runner_group.foreach_env_runner_async(lambda runner: time.sleep(3), tag="set_state")
+        algo.restore_from_path(ckpt)
+        [(digest, seq_no)] = algo.env_runner_group.foreach_env_runner(
+            lambda runner: (weights_digest(runner.module.get_state()), runner._weights_seq_no), local_env_runner=False)
+        assert digest == checkpointed and seq_no == 1
+        algo.train()  # the next update's weights reach the runner again
+        assert algo.sampled_weights[1]["digest"] == checkpointed
+        [digest] = algo.env_runner_group.foreach_env_runner(lambda runner: weights_digest(runner.module.get_state()),
+                                                            local_env_runner=False)
+        assert digest == weights_digest(lora_state(algo))
+    finally:
+        algo.stop()
+
+
 def lora_state_from_checkpoint(ckpt) -> dict:
     import pickle
 
