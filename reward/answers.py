@@ -244,15 +244,18 @@ def _title_errors(title: str, where: str) -> list[str]:
     return []
 
 
-def _duplicate_errors(titles: list[str], where: str) -> list[str]:
-    seen: set[str] = set()
-    errors = []
-    for title in titles:
-        key = normalize_title(title)
-        if key in seen:
-            errors.append(f"{where}: title {title!r} appears more than once")
-        seen.add(key)
-    return errors
+def _first_of_each(criteria: list, known: set[str] = frozenset()) -> list:
+    """``criteria`` without repeats: the first of each title (case and spacing aside), and
+    none already in ``known``. A schema cannot forbid repeats and small judges make them
+    (SmolLM2 restates a title within one answer, or re-proposes a criterion the rubric has),
+    yet a repeat adds nothing to the rubric, so it is dropped rather than failing the answer."""
+    seen, kept = set(known), []
+    for criterion in criteria:
+        key = normalize_title(criterion.title)
+        if key not in seen:
+            seen.add(key)
+            kept.append(criterion)
+    return kept
 
 
 def normalize_title(title: str) -> str:
@@ -260,45 +263,44 @@ def normalize_title(title: str) -> str:
 
 
 def check_proposed(answer: ProposeAnswer, limit: int) -> list[Criterion]:
-    errors = [] if answer.criteria else ["criteria: empty; propose at least one criterion"]
-    if len(answer.criteria) > limit:
-        errors.append(f"criteria: {len(answer.criteria)} given, at most {limit} allowed")
+    criteria = _first_of_each(answer.criteria)
+    errors = [] if criteria else ["criteria: empty; propose at least one criterion"]
+    if len(criteria) > limit:
+        errors.append(f"criteria: {len(criteria)} given, at most {limit} allowed")
     for i, c in enumerate(answer.criteria):
         errors += _title_errors(c.title, f"criteria.{i}")
-    errors += _duplicate_errors([c.title for c in answer.criteria], "criteria")
     if errors:
         raise InvalidAnswer(errors)
     return [
         Criterion(origin="instruction", **c.model_dump(include={"title", "description", "evaluator_instruction", "grounding_references"}))
-        for c in answer.criteria
+        for c in criteria
     ]
 
 
 def check_augmented(answer: AugmentAnswer, existing: list[Criterion], limit: int) -> list[Criterion]:
+    """The new criteria only: one the rubric already has is dropped (an empty answer is
+    fine, when the rollout shows nothing the rubric misses)."""
+    criteria = _first_of_each(answer.criteria, known={normalize_title(c.title) for c in existing})
     errors = []
-    if len(answer.criteria) > limit:
-        errors.append(f"criteria: {len(answer.criteria)} given, at most {limit} allowed")
-    known = {normalize_title(c.title) for c in existing}
+    if len(criteria) > limit:
+        errors.append(f"criteria: {len(criteria)} given, at most {limit} allowed")
     for i, c in enumerate(answer.criteria):
         errors += _title_errors(c.title, f"criteria.{i}")
-        if normalize_title(c.title) in known:
-            errors.append(f"criteria.{i}: {c.title!r} is already in the existing rubric; add only new criteria")
-    errors += _duplicate_errors([c.title for c in answer.criteria], "criteria")
     if errors:
         raise InvalidAnswer(errors)
-    return [Criterion(origin="trajectory", **c.model_dump()) for c in answer.criteria]
+    return [Criterion(origin="trajectory", **c.model_dump()) for c in criteria]
 
 
 def check_merged(answer: MergeAnswer, limit: int) -> list[Criterion]:
+    criteria = _first_of_each(answer.criteria)
     errors = []
-    if not answer.criteria:
+    if not criteria:
         errors.append("criteria: empty; keep every criterion that separates the rollouts")
-    if len(answer.criteria) > limit:
-        errors.append(f"criteria: {len(answer.criteria)} given, at most {limit} allowed")
-    errors += _duplicate_errors([c.title for c in answer.criteria], "criteria")
+    if len(criteria) > limit:
+        errors.append(f"criteria: {len(criteria)} given, at most {limit} allowed")
     if errors:
         raise InvalidAnswer(errors)
-    return [Criterion(**c.model_dump()) for c in answer.criteria]
+    return [Criterion(**c.model_dump()) for c in criteria]
 
 
 def _match_titles(items: list, titles: list[str]) -> list:

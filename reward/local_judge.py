@@ -11,7 +11,8 @@ local judge compiles it with llguidance (the grammar engine behind vLLM's ``guid
 backend and llama.cpp's) and, at every decoding step, masks the logits of every token that
 cannot continue a valid answer. A 135M model then answers in the right shape on the first
 attempt; whether its verdicts are any good is another matter. The checks in ``answers.py``
-still run on every answer (citation rules, duplicate titles: what a schema cannot express).
+still run on every answer (citation rules, repeated titles dropped: what a schema cannot
+express).
 
 **Fitting the prompt.** A judge prompt is the stage's rules (system message), the task, the
 rubric and one or more rollouts (``<trajectory>`` elements). When it exceeds the judge's

@@ -30,9 +30,11 @@ from draco_gym.reward import (
 )
 from draco_gym.reward.answers import (
     AugmentAnswer,
+    MergeAnswer,
     ProposeAnswer,
     answer_schema,
     check_augmented,
+    check_merged,
     check_proposed,
     extract_json,
     parse_answer,
@@ -207,17 +209,34 @@ def _draft(title, **extra):
 
 
 def test_propose_rules_are_enforced():
-    answer = ProposeAnswer.model_validate({"criteria": [_draft("Too short"), _draft("One two three four"), _draft("one  TWO three four")]})
+    answer = ProposeAnswer.model_validate({"criteria": [_draft("Too short"), _draft("One two three four"),
+                                                         _draft("Five six seven eight"), _draft("Nine ten eleven twelve")]})
     with pytest.raises(InvalidAnswer) as info:
         check_proposed(answer, limit=2)
     text = str(info.value)
-    assert "3 given, at most 2" in text and "has 2 words" in text and "appears more than once" in text
+    assert "4 given, at most 2" in text and "criteria.0: title 'Too short' has 2 words" in text
 
 
-def test_augment_rejects_existing_titles_and_needs_evidence():
+def test_a_repeated_criterion_is_dropped_not_fatal():
+    """The first of each title is kept (case and spacing aside); a restatement of a rubric
+    criterion in augment is dropped; the limit counts what is kept."""
+    repeated = {"criteria": [_draft("One two three four", description="first"), _draft("one  TWO three four"),
+                             _draft("Five six seven eight")]}
+    kept = check_proposed(ProposeAnswer.model_validate(repeated), limit=2)
+    assert [(c.title, c.description) for c in kept] == [("One two three four", "first"), ("Five six seven eight", "d")]
+    merged = {"criteria": [{**c, "origin": "instruction"} for c in repeated["criteria"]]}
+    assert [c.title for c in check_merged(MergeAnswer.model_validate(merged), limit=2)] == [c.title for c in kept]
     existing = [Criterion(title="Uses the saved card")]
-    with pytest.raises(InvalidAnswer, match="already in the existing rubric"):
-        check_augmented(AugmentAnswer.model_validate({"criteria": [_draft("uses the  saved card", trajectory_evidence="x")]}), existing, 10)
+    restated = {"criteria": [_draft("uses the  saved card", trajectory_evidence="x"),
+                             _draft("Pays twice for one order", trajectory_evidence="step 2"),
+                             _draft("pays twice for one  order", trajectory_evidence="step 3")]}
+    new = check_augmented(AugmentAnswer.model_validate(restated), existing, 1)
+    assert [(c.title, c.trajectory_evidence, c.origin) for c in new] == [("Pays twice for one order", "step 2", "trajectory")]
+    only_restated = {"criteria": [_draft("Uses the saved card", trajectory_evidence="x")]}
+    assert check_augmented(AugmentAnswer.model_validate(only_restated), existing, 1) == []
+
+
+def test_augment_needs_evidence():
     with pytest.raises(InvalidAnswer, match="trajectory_evidence"):
         parse_answer("augment", json.dumps({"criteria": [_draft("New failure mode here")]}))
 
