@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from draco_gym.metrics import finite_number, group_advantages
+from draco_gym.text import truncate_middle
 
 # What the judge reads of a step by default (draco_gym.reward.render.render_trajectory's
 # max_message_chars and max_observation_chars; a test keeps the two in step). A longer
@@ -132,14 +133,9 @@ def env_success(metrics: dict[str, Any]) -> bool | None:
     return None
 
 
-def cap_text(text: str, limit: int, where: str) -> tuple[str, int]:
-    """``text`` with its middle cut to fit ``limit`` characters, and how many were cut.
-    The cut says where the full text is."""
-    if limit <= 0 or len(text) <= limit:
-        return text, 0
-    head, tail = limit * 2 // 3, limit // 3
-    cut = len(text) - head - tail
-    return f"{text[:head]}\n[... {cut} characters not embedded: full text in {where} ...]\n{text[len(text) - tail:]}", cut
+def cap_text(text: str, limit: int, where: str) -> str:
+    """``text`` cut in its middle to ``limit`` characters, the cut saying where the full text is."""
+    return truncate_middle(text, limit, cut=f"not embedded: full text in {where}")
 
 
 @dataclass
@@ -256,8 +252,8 @@ def _step_detail(step: dict, last: bool, termination: str | None, where: str, li
         marks.append("the environment truncated this observation")
     if last and termination == "length":
         marks.append("the episode hit its token budget here: this message may be cut off")
-    return {"text": cap_text(text, limits.message, where)[0], "obs": cap_text(obs, limits.observation, where)[0],
-            "code": None if code is None else cap_text(str(code), limits.code, where)[0],
+    return {"text": cap_text(text, limits.message, where), "obs": cap_text(obs, limits.observation, where),
+            "code": None if code is None else cap_text(str(code), limits.code, where),
             "n": int(step.get("n_tokens") or 0), "marks": marks}
 
 
@@ -288,8 +284,8 @@ def summarise_group(group: _Group, gid: int, source: str, limits: Limits) -> tup
             "steps": [_step_detail(step, j == len(steps) - 1, traj.get("termination"), where, limits)
                       for j, step in enumerate(steps)],
             "verdicts": [{"c": column[v["criterion"]], "s": v.get("score"), "cite": list(v.get("cited_steps") or []),
-                          "ev": cap_text(str(v.get("evidence") or ""), limits.evidence, where)[0],
-                          "just": cap_text(str(v.get("justification") or ""), limits.evidence, where)[0]}
+                          "ev": cap_text(str(v.get("evidence") or ""), limits.evidence, where),
+                          "just": cap_text(str(v.get("justification") or ""), limits.evidence, where)}
                          for v in verdicts],
             "adv": step_adv,
             "metrics": {k: v for k, v in metrics.items() if isinstance(v, (str, int, float, bool)) or v is None},
@@ -300,7 +296,7 @@ def summarise_group(group: _Group, gid: int, source: str, limits: Limits) -> tup
             "tok": sum(int(s.get("n_tokens") or 0) for s in steps),
         })
     task = records[0]["trajectory"].get("task") or {}
-    instruction = cap_text(str(task.get("instruction") or ""), limits.instruction, f"{source} line {group.rows[0][0]}")[0]
+    instruction = cap_text(str(task.get("instruction") or ""), limits.instruction, f"{source} line {group.rows[0][0]}")
     summary = {"id": gid, "it": group.iteration, "task": group.task_id,
                "crit": [[c["title"], c.get("origin"), str(c.get("description") or "")[:300]] for c in criteria],
                "drop": dropped, "fb": fallbacks, "roll": summary_rows, "dis": disagreements(summary_rows)}
