@@ -24,6 +24,16 @@ import urllib.request
 from pathlib import Path
 
 
+def _die_with_parent() -> None:
+    """In the server's process before it starts: SIGTERM it when the process that started it
+    dies, so a test run killed from outside (CI's timeout) leaves no server holding a core."""
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class LlamaServerMissing(RuntimeError):
     """llama-cpp-python[server] is not installed."""
 
@@ -49,7 +59,7 @@ class LlamaServer:
         command = [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_gguf()), "--host", "127.0.0.1",
                    "--port", str(port), "--n_ctx", str(self.n_ctx), "--cache", str(self.cache).lower()]
         with open(self.log, "wb") as out:
-            self._process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+            self._process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         self.base_url = f"http://127.0.0.1:{port}/v1"
         deadline = time.monotonic() + self.startup_s
         while True:
