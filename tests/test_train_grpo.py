@@ -79,6 +79,7 @@ def test_two_iterations_checkpoint_and_exact_resume(ray_session, tiny_model, tmp
         assert learner["clip_fraction"] == 0.0
         ckpt = algo.save_to_path(str(tmp_path / "ckpt"))
         second = algo.train()
+        sampled_with = {i: (w["seq_no"], w["digest"]) for i, w in algo.sampled_weights.items()}
         after_two = lora_state(algo)
         assert any(np.abs(v).max() > 0 for k, v in after_two.items() if "lora_B" in k), "LoRA B never moved"
         synced = runner_state(algo)
@@ -98,6 +99,8 @@ def test_two_iterations_checkpoint_and_exact_resume(ray_session, tiny_model, tmp
         assert isinstance(restored, GRPO) and restored.iteration == 1
         again = restored.train()
         resumed = lora_state(restored)
+        assert {i: (w["seq_no"], w["digest"]) for i, w in restored.sampled_weights.items()} == sampled_with, \
+            "the resumed iteration sampled with another policy"
     finally:
         restored.stop()
     assert again["env_runners"]["episode_return_mean"] == pytest.approx(second["env_runners"]["episode_return_mean"])
