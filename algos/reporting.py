@@ -179,10 +179,17 @@ def progress_line(m: dict[str, Any], total_iterations: int | None = None) -> str
             f"{times} iter={m.get('timers/training_iteration') or m.get('time_this_iter_s') or 0:.1f}s")
 
 
+def _print_line(line: str) -> None:
+    # The default echo, not ``print`` itself: Tune pickles this log with its callback, and a
+    # builtin pickles by name, which fails once Ray has replaced ``builtins.print`` in the
+    # driver (ray.experimental.tqdm_ray does, when a progress bar reaches it).
+    print(line, flush=True)
+
+
 class MetricsLog:
     """Appends compact metrics to ``metrics.jsonl`` and redraws the plots."""
 
-    def __init__(self, output_dir: str | Path, total_iterations: int | None = None, echo=print) -> None:
+    def __init__(self, output_dir: str | Path, total_iterations: int | None = None, echo=_print_line) -> None:
         self.dir = Path(output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"

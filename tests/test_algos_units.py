@@ -377,3 +377,22 @@ def test_sample_names_env_runners_that_returned_nothing():
     algo = SimpleNamespace(env_runner_group=runners, config=SimpleNamespace(group_size=2))
     with pytest.raises(RuntimeError, match="2 of 2 env runners returned no episodes"):
         GRPO.sample(algo, ["a", "b"], seed=0)
+
+
+def test_the_progress_callback_pickles_after_ray_replaced_print(tmp_path, monkeypatch, capsys):
+    """Tune pickles the CLI's progress callback with its metrics log. Ray's tqdm_ray replaces
+    ``builtins.print`` in the driver when a progress bar reaches it; a log holding the
+    original ``print`` then cannot be pickled by name (``draco-gym train`` failed so)."""
+    import builtins
+
+    from ray import cloudpickle
+
+    from draco_gym.algos.reporting import MetricsLog
+    from draco_gym.algos.train_cli import _Progress
+
+    callback = _Progress(MetricsLog(tmp_path, total_iterations=2))
+    monkeypatch.setattr(builtins, "print", lambda *args, **kwargs: None)
+    restored = cloudpickle.loads(cloudpickle.dumps(callback))
+    monkeypatch.undo()
+    restored.log.add({"training_iteration": 1, "env_runners": {"episode_return_mean": 0.5}})
+    assert "[iter 1/2]" in capsys.readouterr().out
