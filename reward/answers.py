@@ -244,7 +244,7 @@ def _title_errors(title: str, where: str) -> list[str]:
     return []
 
 
-def _first_of_each(criteria: list, known: set[str] = frozenset()) -> list:
+def first_of_each(criteria: list, known: set[str] = frozenset()) -> list:
     """``criteria`` without repeats: the first of each title (case and spacing aside), and
     none already in ``known``. A schema cannot forbid repeats and small judges make them
     (SmolLM2 restates a title within one answer, or re-proposes a criterion the rubric has),
@@ -263,7 +263,7 @@ def normalize_title(title: str) -> str:
 
 
 def check_proposed(answer: ProposeAnswer, limit: int) -> list[Criterion]:
-    criteria = _first_of_each(answer.criteria)
+    criteria = first_of_each(answer.criteria)
     errors = [] if criteria else ["criteria: empty; propose at least one criterion"]
     if len(criteria) > limit:
         errors.append(f"criteria: {len(criteria)} given, at most {limit} allowed")
@@ -280,7 +280,7 @@ def check_proposed(answer: ProposeAnswer, limit: int) -> list[Criterion]:
 def check_augmented(answer: AugmentAnswer, existing: list[Criterion], limit: int) -> list[Criterion]:
     """The new criteria only: one the rubric already has is dropped (an empty answer is
     fine, when the rollout shows nothing the rubric misses)."""
-    criteria = _first_of_each(answer.criteria, known={normalize_title(c.title) for c in existing})
+    criteria = first_of_each(answer.criteria, known={normalize_title(c.title) for c in existing})
     errors = []
     if len(criteria) > limit:
         errors.append(f"criteria: {len(criteria)} given, at most {limit} allowed")
@@ -292,7 +292,7 @@ def check_augmented(answer: AugmentAnswer, existing: list[Criterion], limit: int
 
 
 def check_merged(answer: MergeAnswer, limit: int) -> list[Criterion]:
-    criteria = _first_of_each(answer.criteria)
+    criteria = first_of_each(answer.criteria)
     errors = []
     if not criteria:
         errors.append("criteria: empty; keep every criterion that separates the rollouts")

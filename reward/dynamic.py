@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from draco_gym.reward import stages
-from draco_gym.reward.answers import normalize_title
+from draco_gym.reward.answers import first_of_each
 from draco_gym.reward.base import REWARDS, RubricReward, check_group, finalize_group, zero_group
 from draco_gym.reward.judge_client import JudgeClient, StageFailed, UsageMeter, as_client
 from draco_gym.reward.render import render_task
@@ -154,22 +154,11 @@ class DynamicRubricReward(RubricReward):
         try:
             return await stages.merge(self.client, meter, task_text, candidates, rollouts, limit=self.max_criteria)
         except StageFailed as exc:
-            union = _dedupe(candidates)[: self.max_criteria]
+            union = first_of_each(candidates)[: self.max_criteria]
             fallbacks.append(
                 f"merge: {exc.reason}; used the de-duplicated union of {len(candidates)} candidates ({len(union)} kept)"
             )
             return union
-
-
-def _dedupe(criteria: list[Criterion]) -> list[Criterion]:
-    seen: set[str] = set()
-    out = []
-    for c in criteria:
-        key = normalize_title(c.title)
-        if key not in seen:
-            seen.add(key)
-            out.append(c)
-    return out
 
 
 def _task_key(task: Task) -> str:
