@@ -23,6 +23,13 @@ decision context): a short string, equal for steps of a group's rollouts that fa
 situation (AppWorld: the last API called; PythonTools: the last tool call; tau-bench: the last
 tool and the conversation stage). TRCA compares the returns of steps sharing a key."""
 
+TOOL_CALLS = "tool_calls"
+"""The ``Step.info`` entry where an environment records the tool calls a step's code made, in
+call order, as the environment saw them from outside the agent's process: one dict per call,
+``{"name": str, "ok": bool}`` (``ok``: the tool returned rather than raised), plus what else
+the environment knows. Rules that reward tool use read this, never the code's text: a comment
+naming a tool calls nothing."""
+
 
 class Termination:
     """Why an episode ended. Plain strings so that new environments can add their own."""

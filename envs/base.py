@@ -55,7 +55,7 @@ from gymnasium import spaces
 from draco_gym.codeblock import DEFAULT_LANGUAGES, MULTI_BLOCK_POLICIES, MultiBlockPolicy, parse_message
 from draco_gym.envs.state_keys import START
 from draco_gym.text import truncate_middle
-from draco_gym.types import STATE_KEY, Step, Task, Termination, Trajectory
+from draco_gym.types import STATE_KEY, TOOL_CALLS, Step, Task, Termination, Trajectory
 
 EndRule = Literal["no_code", "task_completed"]
 END_RULES: tuple[str, ...] = ("no_code", "task_completed")
@@ -120,12 +120,15 @@ class Execution:
     ``error`` is a short description when the code failed (the agent sees it inside
     ``output``); ``submitted`` is the environment's completion signal; ``fatal`` means the
     environment itself broke and the episode cannot go on (termination ``env_error``).
+    ``tool_calls``, where the environment observes them, are the block's tool calls
+    (``draco_gym.types.TOOL_CALLS``), recorded in the step's info.
     """
 
     output: str
     error: str | None = None
     submitted: bool = False
     fatal: bool = False
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class WorldLost(RuntimeError):
@@ -286,6 +289,8 @@ class CodeStepEnv(gym.Env[str, str]):
         if parsed.code is not None:
             execution = self._execute(parsed.code)
             info["exec_error"] = execution.error
+            if execution.tool_calls is not None:
+                info[TOOL_CALLS] = execution.tool_calls
             termination = None
             if execution.fatal:
                 termination = Termination.ENV_ERROR
