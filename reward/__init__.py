@@ -15,7 +15,7 @@ rule + outcome). Judges by name (``JUDGES``, ``build_judge``): "openai", "transf
 One judge call: a rubric (``dynamic.py``, ``static.py``) composes stages (``stages.py``:
 propose, augment, merge, score, attribute, ...); a stage asks the judge client
 (``judge_client.py``: limits, retries, repair, cache, cost), which calls the judge
-(``judges.py``). Importing this package never imports torch, ray or transformers;
+(``judges.py`` names the built-in ones; each has its own module). Importing this package never imports torch, ray or transformers;
 ``TransformersJudge`` loads them when it is built.
 """
 

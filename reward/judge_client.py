@@ -36,7 +36,8 @@ from aiolimiter import AsyncLimiter
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from draco_gym.reward.answers import InvalidAnswer
-from draco_gym.reward.judges import FormatRefused, Judge, JudgeReply, JudgeTimedOut, JudgeUnavailable, as_judge
+from draco_gym.reward.judge_protocol import FormatRefused, Judge, JudgeReply, JudgeTimedOut, JudgeUnavailable
+from draco_gym.reward.judges import as_judge
 from draco_gym.types import StageUsage
 
 log = logging.getLogger(__name__)

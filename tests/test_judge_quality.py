@@ -318,7 +318,7 @@ def test_the_local_limits_leave_room_for_every_stage_answer():
 
     from draco_gym.algos.models import resolve_model
     from draco_gym.reward.answers import TITLE_WORDS, answer_schema
-    from draco_gym.reward.local_judge import AnswerTooLong, grammar_schema, string_budget
+    from draco_gym.reward.grammar import AnswerTooLong, grammar_schema, string_budget
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(jq.SMALL_MODEL), local_files_only=True)
 
