@@ -18,7 +18,8 @@ llama.cpp servers' grammar.
 **Fitting the prompt.** A judge prompt is the stage's rules (system message), the task, the
 rubric and one or more rollouts (``<trajectory>`` elements). When it exceeds the judge's
 context budget, only the rollouts are shortened, in their middle (their beginning and end
-stay, as does every kept step's number). Rules, task and rubric are never cut: when they
+stay, as does every kept step's number, and a cut inside a fenced span closes and reopens
+its fence, so no data is left outside one). Rules, task and rubric are never cut: when they
 alone do not fit, the call fails with an error that says so (the client counts a fallback).
 
 **Thinking.** ``thinking=True/False`` is passed to the chat template as ``enable_thinking``
@@ -35,12 +36,12 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from draco_gym.reward.answers import THINK_END
 from draco_gym.reward.grammar import DoesNotFit, grammar_schema, string_budget
+from draco_gym.reward.render import fences_in, truncate_fenced
 from draco_gym.text import truncate_middle
 
 log = logging.getLogger(__name__)
-
-THINK_END = "</think>"
 
 _TRAJECTORY = re.compile(r"(<trajectory\b[^>]*>\n)(.*?)(\n</trajectory>)", re.DOTALL)
 
@@ -84,7 +85,7 @@ def fit_messages(messages: list[dict[str, str]], count: Callable[[list[dict[str,
         fitted = [dict(m) for m in messages]
         for index in {i for i, _ in spans}:
             fitted[index]["content"] = _TRAJECTORY.sub(
-                lambda m, ratio=ratio: m.group(1) + truncate_middle(m.group(2), max(int(len(m.group(2)) * ratio), 1))
+                lambda m, ratio=ratio: m.group(1) + _shortened(m.group(1), m.group(2), max(int(len(m.group(2)) * ratio), 1))
                 + m.group(3),
                 messages[index]["content"])
         total = count(fitted)
@@ -95,6 +96,12 @@ def fit_messages(messages: list[dict[str, str]], count: Callable[[list[dict[str,
     raise PromptTooLong(f"the judge prompt does not fit {limit} tokens even with its rollouts shortened to "
                         f"{int(rollout_chars * ratio)} characters: the stage rules, task and rubric alone are too "
                         "long; raise max_prompt_tokens or shorten the task prompt (max_prompt_chars)")
+
+
+def _shortened(header: str, body: str, limit: int) -> str:
+    """A rollout's body cut in its middle, its data still fenced (``render.truncate_fenced``)."""
+    codes = fences_in(header)
+    return truncate_fenced(body, limit, codes[0]) if codes else truncate_middle(body, limit)
 
 
 # -- constrained decoding --------------------------------------------------------------------
