@@ -230,29 +230,29 @@ class OpenAIJudge:
             try:
                 return await self._send(request)
             except openai.APITimeoutError as exc:
-                raise JudgeTimedOut(f"{type(exc).__name__}: {short_error(exc)}", may_still_run=not self.stream) from None
+                raise JudgeTimedOut(f"{self.server}: {type(exc).__name__}: {short_error(exc)}", may_still_run=not self.stream) from None
             except openai.APIStatusError as exc:
                 text = f"{exc.status_code} {_error_text(exc)}"
                 if adaptations < 5 and self._adapt_to(text, request):
                     adaptations += 1
                     continue
                 if request["_format"] != "none" and any(word in text.lower() for word in FORMAT_WORDS):
-                    raise FormatRefused(f"the server refuses structured_output={request['_format']!r} "
+                    raise FormatRefused(f"{self.server} refuses structured_output={request['_format']!r} "
                                            f"(forced, or the last rung): {short_error(exc)}") from None
                 if exc.status_code in (408, 409, 429) or exc.status_code >= 500:
                     if retries < self.max_retries:
                         retries += 1
                         await asyncio.sleep(_retry_after(exc, retries))
                         continue
-                    raise JudgeUnavailable(f"{type(exc).__name__}: {short_error(exc)}") from None
-                raise JudgeUnavailable(f"judge rejected the request: {short_error(exc)}") from None
+                    raise JudgeUnavailable(f"{self.server}: {type(exc).__name__}: {short_error(exc)}") from None
+                raise JudgeUnavailable(f"{self.server} rejected the request: {short_error(exc)}") from None
             except openai.APIConnectionError as exc:
                 # the request never reached a server (refused, reset before an answer began)
                 if retries < self.max_retries:
                     retries += 1
                     await asyncio.sleep(_retry_after(None, retries))
                     continue
-                raise JudgeUnavailable(f"{type(exc).__name__}: {short_error(exc)}") from None
+                raise JudgeUnavailable(f"{self.server}: {type(exc).__name__}: {short_error(exc)}") from None
 
     async def _send(self, request: dict[str, Any]) -> JudgeReply:
         from openai import AsyncStream
@@ -265,7 +265,7 @@ class OpenAIJudge:
             # every message through the typed-parameter transform (~8 ms a call).
             response = await client.post("/chat/completions", body=body, cast_to=ChatCompletion)
             if not response.choices:
-                raise JudgeUnavailable("judge returned no choices")
+                raise JudgeUnavailable(f"{self.server} returned no choices")
             usage = response.usage
             return JudgeReply(response.choices[0].message.content or "",
                               getattr(usage, "prompt_tokens", 0) or 0, getattr(usage, "completion_tokens", 0) or 0)
