@@ -59,3 +59,80 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def pass_hat_k(n: int, c: int, k: int) -> float:
     _check(n, c, k)
     return comb(c, k) / comb(n, k)
+
+
+# -- the reward-hacking alarm -----------------------------------------------------------------
+
+
+def kendall_tau_b(x, y) -> float | None:
+    """Kendall's tau-b of two equally long sequences: (concordant - discordant pairs) /
+    sqrt((n0 - ties in x) (n0 - ties in y)), n0 = n (n - 1) / 2; a pair tied in either is
+    neither concordant nor discordant. None when either has no spread (no pair untied)."""
+    if len(x) != len(y):
+        raise ValueError(f"x has {len(x)} values, y has {len(y)}")
+    n = len(x)
+    concordant = discordant = tied_x = tied_y = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            dx, dy = x[i] - x[j], y[i] - y[j]
+            tied_x += dx == 0
+            tied_y += dy == 0
+            if dx * dy > 0:
+                concordant += 1
+            elif dx * dy < 0:
+                discordant += 1
+    n0 = n * (n - 1) // 2
+    if n0 - tied_x == 0 or n0 - tied_y == 0:
+        return None
+    return (concordant - discordant) / math.sqrt((n0 - tied_x) * (n0 - tied_y))
+
+
+def outcome_agreement(groups) -> float | None:
+    """How far the training reward ranks a group's rollouts as the environment's outcome does:
+    Kendall's tau-b between rewards and outcomes within each group, averaged over the groups
+    with spread in both (None when no group has). ``groups`` holds (rewards, outcomes) pairs,
+    one per group; an outcome that is not a finite number (``finite_number``) leaves its
+    rollout out.
+
+    Tau-b, not Spearman: a group is small (G = 4 to 16) and its outcome is usually binary
+    (success), so most pairs are tied in the outcome; tau-b counts each untied pair once and
+    corrects for the ties in both, and reads directly as the share of pairs the reward orders
+    as the outcome does, minus the share it orders against it (+1: every untied pair agrees,
+    -1: every one disagrees). A reward that rises while this falls is learning something
+    other than the task."""
+    taus = []
+    for k, (rewards, outcomes) in enumerate(groups):
+        if len(rewards) != len(outcomes):
+            raise ValueError(f"group {k}: {len(rewards)} rewards for {len(outcomes)} outcomes")
+        pairs = [(float(r), o) for r, o in ((r, finite_number(o)) for r, o in zip(rewards, outcomes)) if o is not None]
+        tau = kendall_tau_b([r for r, _ in pairs], [o for _, o in pairs])
+        if tau is not None:
+            taus.append(tau)
+    return sum(taus) / len(taus) if taus else None
+
+
+def _slope(values) -> float:
+    """Least-squares slope of ``values`` against 0, 1, 2, ..."""
+    n = len(values)
+    mean_x, mean_y = (n - 1) / 2, sum(values) / n
+    return (sum((i - mean_x) * (v - mean_y) for i, v in enumerate(values))
+            / sum((i - mean_x) ** 2 for i in range(n)))
+
+
+def reward_outcome_divergence(reward_means, outcome_means, window: int = 8, margin: float = 0.05):
+    """The reward-hacking alarm: over the last ``window`` iterations, the training reward rose
+    while the outcome fell. Each series is fitted by least squares; the alarm fires when the
+    fitted reward gained at least ``margin`` over the window (slope x (window - 1)) and the
+    fitted outcome lost at least ``margin``. Returns (reward change, outcome change) when it
+    fires, None otherwise (and while fewer than ``window`` iterations have an outcome).
+    ``outcome_means[t]`` None (no rollout of iteration t had an outcome) leaves t out of both."""
+    if window < 2:
+        raise ValueError(f"window must be >= 2, got {window}")
+    if len(reward_means) != len(outcome_means):
+        raise ValueError(f"{len(reward_means)} reward means for {len(outcome_means)} outcome means")
+    kept = [(float(r), float(o)) for r, o in zip(reward_means, outcome_means) if o is not None][-window:]
+    if len(kept) < window:
+        return None
+    rise = _slope([r for r, _ in kept]) * (window - 1)
+    fall = _slope([o for _, o in kept]) * (window - 1)
+    return (rise, fall) if rise >= margin and fall <= -margin else None

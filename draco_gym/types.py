@@ -240,12 +240,23 @@ class StageUsage(_Model):
         return StageUsage(**{k: getattr(self, k) + getattr(other, k) for k in StageUsage.model_fields})
 
 
+class JudgeFailure(_Model):
+    """A judge stage request that got no usable answer after its retries and repairs: the
+    stage, the judge's server (its base URL; an in-process judge's name) and the error."""
+
+    stage: str
+    server: str
+    error: str
+
+
 class GroupScore(_Model):
     """The reward for one group of G rollouts of one task.
 
     ``criteria`` are the ones that survived discriminative dropout; ``dropped`` names those
     removed by it. ``fallbacks`` lists every stage that failed and what was done instead:
-    a fallback is always recorded, never silent.
+    a fallback is always recorded, never silent. ``judge_answers`` counts the judge stage
+    requests that got a usable answer and ``judge_failures`` records each that did not, so
+    a judge that is down (every request failed) can be told from one that judged.
     """
 
     criteria: list[Criterion] = Field(default_factory=list)
@@ -253,6 +264,8 @@ class GroupScore(_Model):
     dropped: list[str] = Field(default_factory=list)
     usage: dict[str, StageUsage] = Field(default_factory=dict)
     fallbacks: list[str] = Field(default_factory=list)
+    judge_answers: int = 0
+    judge_failures: list[JudgeFailure] = Field(default_factory=list)
 
     @property
     def rewards(self) -> list[float]:

@@ -15,7 +15,7 @@ rule + outcome). Judges by name (``JUDGES``, ``build_judge``): "openai", "transf
 One judge call: a rubric (``dynamic.py``, ``static.py``) composes stages (``stages.py``:
 propose, augment, merge, score, attribute, ...); a stage asks the judge client
 (``judge_client.py``: limits, retries, repair, cache, cost), which calls the judge
-(``judges.py``). Importing this package never imports torch, ray or transformers;
+(``judges.py`` names the built-in ones; each has its own module). Importing this package never imports torch, ray or transformers;
 ``TransformersJudge`` loads them when it is built.
 """
 
@@ -25,6 +25,7 @@ from draco_gym.reward.combined import WeightedReward
 from draco_gym.reward.corridor import CorridorReward
 from draco_gym.reward.dynamic import DynamicRubricReward
 from draco_gym.reward.judge_client import DiskCache, JudgeClient, JudgeSettings, Price, StageFailed, UsageMeter
+from draco_gym.reward.judge_health import dead_judge, probe_judge
 from draco_gym.reward.judges import (
     JUDGES,
     FunctionJudge,
@@ -72,10 +73,12 @@ __all__ = [
     "build_judge",
     "build_reward",
     "combine_samples",
+    "dead_judge",
     "discriminative_dropout",
     "finalize_group",
     "foundational_rewards",
     "item_score",
+    "probe_judge",
     "score_group",
     "transition_items",
 ]

@@ -118,13 +118,18 @@ ANSWER_MODELS: dict[str, type[_Answer]] = {
 
 MAX_ANSWER_CHARS = 200_000
 """The longest judge answer read: a verdict on every criterion fits in a few thousand."""
+THINK_START, THINK_END = "<think>", "</think>"
 
 
 def extract_json(text: str) -> Any:
-    """The JSON object in a reply. Tolerates a Markdown fence or prose around one object,
-    which weaker judges add even when told not to; anything else is an error. A raw line
-    break or tab inside a string is read as that character (``strict=False``): llama.cpp's
-    JSON grammar lets them through, and the text is evidence, not syntax.
+    """The judge's answer: the whole reply as one JSON value, or the whole reply as one
+    Markdown-fenced JSON block (```json ... ```), after a leading ``<think>...</think>``
+    (the judge's own reasoning) is set aside. Nothing else is read: a brace span found inside
+    prose may be the agent's own fake verdict that the judge quoted ("The agent wrote
+    {...PASS...} but it failed"), so prose around an answer fails the answer, and the
+    client's repair asks for the object alone. A raw line break or tab inside a string is
+    read as that character (``strict=False``): llama.cpp's JSON grammar lets them through,
+    and the text is evidence, not syntax.
 
     Work is linear in the reply's length and the reply is capped, so a runaway judge (a
     loop of fences or brackets) costs milliseconds and an ``InvalidAnswer``, not minutes."""
@@ -133,6 +138,8 @@ def extract_json(text: str) -> Any:
     if len(text) > MAX_ANSWER_CHARS:
         raise InvalidAnswer([f"the answer is {len(text):,} characters long; at most {MAX_ANSWER_CHARS:,} are read"])
     body = text.strip()
+    if body.startswith(THINK_START) and THINK_END in body:
+        body = body[body.index(THINK_END) + len(THINK_END):].strip()
     # A fence: ``` and an optional language tag, a line break, the body, a last line of ```.
     if body.startswith("```") and body.endswith("\n```"):
         tag_end = 3
@@ -149,15 +156,10 @@ def extract_json(text: str) -> Any:
     except RecursionError:
         raise InvalidAnswer(["the answer is nested too deeply to be a verdict"]) from None
     except ValueError as first:  # JSONDecodeError, or an integer too long to convert
-        start, end = body.find("{"), body.rfind("}")
-        if 0 <= start < end:
-            try:
-                return json.loads(body[start : end + 1], strict=False)
-            except (ValueError, RecursionError):
-                pass
         where = (f" ({first.msg} at line {first.lineno} column {first.colno})"
                  if isinstance(first, json.JSONDecodeError) else f" ({first})")
-        raise InvalidAnswer([f"the answer is not valid JSON{where}"]) from None
+        raise InvalidAnswer([f"the answer is not valid JSON{where}: the reply must be the JSON object alone, "
+                             "no text before or after it"]) from None
 
 
 def parse_answer(stage: str, text: str) -> _Answer:

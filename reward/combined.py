@@ -68,6 +68,8 @@ class WeightedReward(RubricReward):
             dropped=[d for g in groups for d in g.dropped],
             usage={f"{label}/{stage}": u for (label, _, _), g in zip(self.parts, groups) for stage, u in g.usage.items()},
             fallbacks=[f"{label}: {f}" for (label, _, _), g in zip(self.parts, groups) for f in g.fallbacks],
+            judge_answers=sum(g.judge_answers for g in groups),
+            judge_failures=[f for g in groups for f in g.judge_failures],
         )
 
     async def aclose(self) -> None:

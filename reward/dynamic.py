@@ -108,14 +108,15 @@ class DynamicRubricReward(RubricReward):
         criteria = await self._merge(task_text, [*proposed, *(c for extra in added for c in extra)], trajectories,
                                      meter, fallbacks)
         if not criteria:
-            return zero_group(len(trajectories), "group: no criteria to score against; every reward set to 0",
-                              usage=meter.stages, fallbacks=fallbacks)
+            return meter.onto(zero_group(len(trajectories), "group: no criteria to score against; every reward set "
+                                         "to 0", usage=meter.stages, fallbacks=fallbacks))
         verdicts = await stages.final_verdicts(client, meter, fallbacks, task_text, criteria, trajectories,
                                                view=self.view, mode=self.mode, samples=self.samples)
         if verdicts is None:
-            return zero_group(len(trajectories), "group: a rollout could not be scored; every reward set to 0",
-                              usage=meter.stages, fallbacks=fallbacks)
-        return finalize_group(criteria, verdicts, usage=meter.stages, fallbacks=fallbacks, dropout=self.dropout)
+            return meter.onto(zero_group(len(trajectories), "group: a rollout could not be scored; every reward set "
+                                         "to 0", usage=meter.stages, fallbacks=fallbacks))
+        return meter.onto(finalize_group(criteria, verdicts, usage=meter.stages, fallbacks=fallbacks,
+                                         dropout=self.dropout))
 
     async def _propose(self, task: Task, task_text: str, meter: UsageMeter, fallbacks: list[str]) -> list[Criterion]:
         """Stage 1, cached per task; on failure the static rubric stands in."""

@@ -36,8 +36,9 @@ from aiolimiter import AsyncLimiter
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from draco_gym.reward.answers import InvalidAnswer
-from draco_gym.reward.judges import FormatRefused, Judge, JudgeReply, JudgeTimedOut, JudgeUnavailable, as_judge
-from draco_gym.types import StageUsage
+from draco_gym.reward.judge_protocol import FormatRefused, Judge, JudgeReply, JudgeTimedOut, JudgeUnavailable
+from draco_gym.reward.judges import as_judge
+from draco_gym.types import GroupScore, JudgeFailure, StageUsage
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,13 @@ class UsageMeter:
     def __init__(self) -> None:
         self._usage: dict[str, StageUsage] = {}
         self._spans: dict[str, tuple[float, float]] = {}
+        self.answers = 0
+        self.failures: list[JudgeFailure] = []
+
+    def onto(self, group: GroupScore) -> GroupScore:
+        """``group`` with this meter's judge record: the requests answered and each failure."""
+        return group.model_copy(update={"judge_answers": group.judge_answers + self.answers,
+                                        "judge_failures": [*group.judge_failures, *self.failures]})
 
     def book(self, stage: str, **amounts: float) -> None:
         self._usage[stage] = self._usage.get(stage, StageUsage()).add(StageUsage(**amounts))
@@ -387,6 +395,23 @@ class JudgeClient:
     ) -> T:
         """One validated answer for ``stage``. ``check`` turns the reply text into the
         stage's result or raises InvalidAnswer; its errors drive the repair requests."""
+        try:
+            answer = await self._answer(stage, messages, schema, check, meter, sample)
+        except StageFailed as exc:
+            meter.failures.append(JudgeFailure(stage=stage, server=self.server, error=exc.reason))
+            raise
+        meter.answers += 1
+        return answer
+
+    @property
+    def server(self) -> str:
+        """Where the judge runs, as a failure names it: its server's base URL, or the judge's
+        kind and model for one without a server (in-process, a function)."""
+        server = getattr(self.judge, "server", None)
+        return str(server) if server else f"{type(self.judge).__name__} {self.model}"
+
+    async def _answer(self, stage: str, messages: list[dict[str, str]], schema: dict | None,
+                      check: Callable[[str], T], meter: UsageMeter, sample: int) -> T:
         conversation = list(messages)
         errors: list[str] = []
         for repair in range(self.settings.max_repairs + 1):

@@ -12,12 +12,14 @@ backend and llama.cpp's) and, at every decoding step, masks the logits of every 
 cannot continue a valid answer. A 135M model then answers in the right shape on the first
 attempt; whether its verdicts are any good is another matter. The checks in ``answers.py``
 still run on every answer (citation rules, repeated titles dropped: what a schema cannot
-express).
+express). How the schema is tightened for a grammar is ``grammar.py``'s, shared with the
+llama.cpp servers' grammar.
 
 **Fitting the prompt.** A judge prompt is the stage's rules (system message), the task, the
 rubric and one or more rollouts (``<trajectory>`` elements). When it exceeds the judge's
 context budget, only the rollouts are shortened, in their middle (their beginning and end
-stay, as does every kept step's number). Rules, task and rubric are never cut: when they
+stay, as does every kept step's number, and a cut inside a fenced span closes and reopens
+its fence, so no data is left outside one). Rules, task and rubric are never cut: when they
 alone do not fit, the call fails with an error that says so (the client counts a fallback).
 
 **Thinking.** ``thinking=True/False`` is passed to the chat template as ``enable_thinking``
@@ -34,25 +36,18 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from draco_gym.reward.answers import THINK_END
+from draco_gym.reward.grammar import DoesNotFit, grammar_schema, string_budget
+from draco_gym.reward.render import fences_in, truncate_fenced
 from draco_gym.text import truncate_middle
 
 log = logging.getLogger(__name__)
 
-THINK_END = "</think>"
-
 _TRAJECTORY = re.compile(r"(<trajectory\b[^>]*>\n)(.*?)(\n</trajectory>)", re.DOTALL)
-
-
-class DoesNotFit(ValueError):
-    """A judge call cannot fit its token budgets; the message names the setting to raise."""
 
 
 class PromptTooLong(DoesNotFit):
     """The stage's rules, task and rubric alone exceed the judge's prompt budget."""
-
-
-class AnswerTooLong(DoesNotFit):
-    """``max_tokens`` cannot hold a complete answer of the stage's schema."""
 
 
 # -- the prompt ------------------------------------------------------------------------------
@@ -90,7 +85,7 @@ def fit_messages(messages: list[dict[str, str]], count: Callable[[list[dict[str,
         fitted = [dict(m) for m in messages]
         for index in {i for i, _ in spans}:
             fitted[index]["content"] = _TRAJECTORY.sub(
-                lambda m, ratio=ratio: m.group(1) + truncate_middle(m.group(2), max(int(len(m.group(2)) * ratio), 1))
+                lambda m, ratio=ratio: m.group(1) + _shortened(m.group(1), m.group(2), max(int(len(m.group(2)) * ratio), 1))
                 + m.group(3),
                 messages[index]["content"])
         total = count(fitted)
@@ -101,6 +96,12 @@ def fit_messages(messages: list[dict[str, str]], count: Callable[[list[dict[str,
     raise PromptTooLong(f"the judge prompt does not fit {limit} tokens even with its rollouts shortened to "
                         f"{int(rollout_chars * ratio)} characters: the stage rules, task and rubric alone are too "
                         "long; raise max_prompt_tokens or shorten the task prompt (max_prompt_chars)")
+
+
+def _shortened(header: str, body: str, limit: int) -> str:
+    """A rollout's body cut in its middle, its data still fenced (``render.truncate_fenced``)."""
+    codes = fences_in(header)
+    return truncate_fenced(body, limit, codes[0]) if codes else truncate_middle(body, limit)
 
 
 # -- constrained decoding --------------------------------------------------------------------
@@ -117,118 +118,6 @@ def _require_llguidance():
 
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """One space after separators, no other whitespace: what instruction-tuned models write."""
-
-OPEN_LIST_ITEMS = 4
-"""The grammar's cap on a list the schema leaves open (grounding references, cited steps):
-every item of every list takes its share of the answer's token budget."""
-
-
-TITLE_WORD_CHARS = 24
-"""The longest word the grammar lets a criterion title have."""
-
-NONEMPTY_STAGES = ("propose", "merge")
-"""Stages whose criteria list may not be empty (``answers.check_proposed``, ``check_merged``)."""
-
-
-def grammar_schema(schema: dict, stage: str = "") -> dict:
-    """The schema the grammar enforces: the stage's schema made tighter where JSON Schema is
-    loose. No object takes keys the schema does not name. A verdict list that must cover every criterion once (an enum of titles, exactly
-    that many items) becomes one item per title in rubric order, so no title is repeated or
-    missed, and each PASS or FAIL cites a step; open lists get at most ``OPEN_LIST_ITEMS`` items (cited steps at most the step
-    range). Criterion titles have ``TITLE_WORDS`` words, and propose and merge name at least
-    one criterion. The answer checks keep the stage's own rules."""
-    from draco_gym.reward.answers import TITLE_WORDS
-
-    schema = json.loads(json.dumps(schema))
-    criteria = schema.get("properties", {}).get("criteria")
-    if isinstance(criteria, dict) and isinstance(criteria.get("items"), dict):
-        low, high = TITLE_WORDS
-        title = criteria["items"].get("properties", {}).get("title")
-        if isinstance(title, dict) and "enum" not in title:
-            # Words of bounded length: an unbounded word lets a small model write one "word"
-            # until max_tokens cuts the answer mid-string (seen: a propose answer cut at its title).
-            title["pattern"] = rf"^[^\s]{{1,{TITLE_WORD_CHARS}}}( [^\s]{{1,{TITLE_WORD_CHARS}}}){{{low - 1},{high - 1}}}$"
-        if stage in NONEMPTY_STAGES:
-            criteria["minItems"] = max(criteria.get("minItems", 0), 1)
-
-    def walk(node: Any) -> None:
-        if not isinstance(node, dict):
-            return
-        if node.get("type") == "object":
-            node.setdefault("additionalProperties", False)
-        if node.get("type") == "array" and isinstance(node.get("items"), dict):
-            item = node["items"]
-            titles = item.get("properties", {}).get("criterion", {}).get("enum")
-            if titles and node.get("minItems") == node.get("maxItems") == len(titles):
-                node["prefixItems"] = [
-                    _cited({**item, "properties": {**item["properties"], "criterion": {"const": t}}}) for t in titles]
-                node["items"] = False
-            elif "maxItems" not in node:
-                cap = min(int(item["maximum"]), OPEN_LIST_ITEMS) if "maximum" in item else OPEN_LIST_ITEMS
-                node["maxItems"] = max(node.get("minItems", 0), cap)
-        for value in node.values():
-            if isinstance(value, dict):
-                walk(value)
-            elif isinstance(value, list):
-                for v in value:
-                    walk(v)
-
-    walk(schema)
-    return schema
-
-
-def _cited(item: dict) -> dict:
-    """A verdict item whose PASS or FAIL cites at least one step and whose NOT_APPLICABLE
-    cites none (``answers._citation_errors``): two alternatives of the same item."""
-    props = item.get("properties", {})
-    verdict, steps = props.get("verdict"), props.get("steps")
-    if not (isinstance(verdict, dict) and isinstance(steps, dict) and "NOT_APPLICABLE" in verdict.get("enum", [])):
-        return item
-    judged = {**item, "properties": {**props, "verdict": {"enum": ["PASS", "FAIL"]},
-                                     "steps": {**steps, "minItems": 1}}}
-    inapplicable = {**item, "properties": {**props, "verdict": {"const": "NOT_APPLICABLE"},
-                                           "steps": {**steps, "maxItems": 0}}}
-    return {"anyOf": [judged, inapplicable]}
-
-
-def string_budget(schema: dict, max_tokens: int, count_tokens: Callable[[str], int]) -> int:
-    """The tokens one free-text string may take so that a complete answer under the grammar
-    schema fits ``max_tokens``: the answer's skeleton (keys, enums, numbers, punctuation,
-    every list at its longest) is measured with the judge's tokenizer, and the rest is
-    shared among its strings. A model that rambles inside a string would otherwise run out
-    of tokens mid-answer and leave unparseable JSON."""
-    slots = 0
-
-    def example(node: Any) -> Any:
-        nonlocal slots
-        if not isinstance(node, dict):
-            return None
-        if "const" in node:
-            return node["const"]
-        if "enum" in node:
-            return max(node["enum"], key=lambda v: len(json.dumps(v)))
-        if "anyOf" in node:
-            return example(node["anyOf"][0])
-        kind = node.get("type")
-        if kind == "object":
-            return {k: example(v) for k, v in node.get("properties", {}).items()}
-        if kind == "array":
-            if "prefixItems" in node:
-                return [example(v) for v in node["prefixItems"]]
-            return [example(node.get("items")) for _ in range(node.get("maxItems", 1))]
-        if kind == "string":
-            slots += 1
-            return ""
-        return node.get("maximum", 10)
-
-    skeleton = count_tokens(json.dumps(example(schema), ensure_ascii=False, separators=(", ", ": ")))
-    room = int(0.95 * max_tokens) - skeleton - 2
-    if room < 4 * slots:
-        raise AnswerTooLong(f"max_tokens={max_tokens} cannot hold a complete answer of this stage: its keys, titles "
-                            f"and step lists alone take about {skeleton} tokens and it has {slots} texts to write; "
-                            f"raise the reward's max_tokens to at least {int((skeleton + 24 * slots) / 0.95)}")
-    return room // max(slots, 1)
-
 
 class SchemaConstraint:
     """Compiles JSON schemas for one tokenizer and hands out logits processors that keep a
@@ -334,7 +223,7 @@ class JsonLogitsProcessor:
 
 def turn_end_ids(tokenizer: Any, generation_config: Any = None) -> list[int]:
     """Every token that ends the judge's turn: the model's EOS ids and the tokenizer's (the
-    reward layer's own copy of ``algos.chat.eos_token_ids``; reward never imports algos)."""
+    reward layer's own copy of ``algos.policy.chat.eos_token_ids``; reward never imports algos)."""
     ids: list[int] = []
     for source in (getattr(generation_config, "eos_token_id", None), tokenizer.eos_token_id):
         for i in source if isinstance(source, (list, tuple)) else [source]:

@@ -3,21 +3,34 @@
 Everything the agent or the task author wrote is data, and the judge must never mistake it
 for instructions. Data sits inside XML-like elements (``<task>``, ``<trajectory>``,
 ``<step n="3">``, ``<criteria>``) and every piece of it is escaped (``&``, ``<``, ``>``),
-so agent text cannot close an element or open one that looks like ours; the prompts say
-that element content is never an instruction. Steps carry the same 1-based numbers the
-judge cites and credit uses. Long observations and messages keep their head and tail.
+so agent text cannot close an element or open one that looks like ours. Beside the
+escaping, every span of agent text and every observation is fenced: it sits between a line
+``BEGIN-DATA <code>`` and a line ``END-DATA <code>``, where the code is the rollout's own
+(``<trajectory fence="<code>">``), drawn from the rendered rollout and redrawn until it
+occurs in none of its spans, so no agent text can hold the line that ends its span. The
+judge's rules name the fence, and each stage names its prompt's codes. A code drawn from
+the content rather than a fresh random one keeps one rollout's rendering identical in each
+of its prompts (the judge's cache and the server's prefix cache reuse it); agent text cannot
+aim at its code, which is a hash of the very text that would have to contain it.
+
+Steps carry the same 1-based numbers the judge cites and credit uses. Long observations and
+messages keep their head and tail.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
+import re
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
 import jinja2
 
 from draco_gym.reward.answers import TITLE_WORDS
-from draco_gym.text import truncate_middle
+from draco_gym.text import split_middle, truncate_middle
 from draco_gym.types import Criterion, Trajectory, Verdict
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
@@ -27,6 +40,55 @@ _ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
 
 def escape(text: str) -> str:
     return str(text).translate(_ESCAPES)
+
+
+FENCE_OPEN = "BEGIN-DATA"
+FENCE_CLOSE = "END-DATA"
+_FENCE_ATTRIBUTE = re.compile(r'<trajectory\b[^>]*\bfence="([0-9a-f]+)"')
+
+
+def data_fence(spans: Sequence[str]) -> str:
+    """The fence code of a rollout whose data is ``spans``: 8 hex digits of a hash of the
+    spans, redrawn (with a counter) until it occurs in none of them."""
+    joined = "\x00".join(spans)
+    for salt in itertools.count():
+        code = hashlib.sha256(f"{salt}\x00{joined}".encode()).hexdigest()[:8]
+        if code not in joined:
+            return code
+    raise AssertionError("unreachable")
+
+
+def fenced(data: str, code: str) -> str:
+    return f"{FENCE_OPEN} {code}\n{data}\n{FENCE_CLOSE} {code}"
+
+
+def fences_in(text: str) -> list[str]:
+    """The fence codes of the rollouts rendered in ``text``, in order (agent text, being
+    escaped, cannot hold a ``<trajectory`` element)."""
+    return list(dict.fromkeys(_FENCE_ATTRIBUTE.findall(text)))
+
+
+def truncate_fenced(body: str, limit: int, code: str) -> str:
+    """``truncate_middle`` of a rendered rollout's body that keeps all its data fenced: a cut
+    inside a span closes the fence before the cut marker and opens it again after, and a
+    piece of markup the cut split (a tag, a fence line) is dropped."""
+    head, marker, tail = split_middle(body, limit)
+    if not marker:
+        return body
+    begin, end = f"{FENCE_OPEN} {code}", f"{FENCE_CLOSE} {code}"
+    # the line the cut split, on each side ("" where the cut fell on a line break)
+    head_cut = "" if body[len(head)] == "\n" else head[head.rfind("\n") + 1:]
+    tail_start = len(body) - len(tail)
+    tail_cut = "" if tail_start == 0 or body[tail_start - 1] == "\n" else tail.partition("\n")[0]
+    head, tail = head[:len(head) - len(head_cut)], tail[len(tail_cut):].removeprefix("\n") if tail_cut else tail
+    if head.rfind(begin) > head.rfind(end):  # cut inside a span: head_cut is data, or the start of its end line
+        kept = "" if end.startswith(head_cut) else head_cut
+        head = (head + kept).rstrip("\n") + "\n" + end
+    first_end, first_begin = tail.find(end), tail.find(begin)
+    if first_end != -1 and (first_begin == -1 or first_end < first_begin):  # the tail starts inside a span
+        kept = "" if begin.endswith(tail_cut) else tail_cut + "\n"
+        tail = begin + "\n" + kept + tail
+    return head.rstrip("\n") + marker + tail
 
 
 def render_task(task_instruction: str, agent_prompt: str = "", max_prompt_chars: int = 3000) -> str:
@@ -54,21 +116,25 @@ def render_trajectory(
     n = len(trajectory.steps)
     if max_chars is None or len(text) <= max_chars or n == 0:
         return text
-    per_step = max(max_chars // n - 120, 200)  # 120: the step's own markup
+    per_step = max(max_chars // n - 200, 200)  # 200: the step's own markup and fences
     message = min(max_message_chars, max(per_step * 3 // 5, 120))
     observation = min(max_observation_chars, max(per_step - message, 80))
     return _render_steps(trajectory, label, message, observation)
 
 
 def _render_steps(trajectory: Trajectory, label: str | None, max_message_chars: int, max_observation_chars: int) -> str:
+    spans = []
+    for step in trajectory.steps:
+        spans.append(escape(truncate_middle(step.text, max_message_chars)))
+        spans.append(escape(truncate_middle(step.observation or "(none)", max_observation_chars)))
+    code = data_fence(spans)
     name = f' id="{escape(label)}"' if label else ""
     end = escape(trajectory.termination or "unknown")
-    lines = [f'<trajectory{name} steps="{len(trajectory.steps)}" ended="{end}">']
-    for step in trajectory.steps:
+    lines = [f'<trajectory{name} steps="{len(trajectory.steps)}" ended="{end}" fence="{code}">']
+    for step, message, observation in zip(trajectory.steps, spans[0::2], spans[1::2]):
         lines.append(f'<step n="{step.index}">')
-        lines.append(f"<agent>\n{escape(truncate_middle(step.text, max_message_chars))}\n</agent>")
-        observation = step.observation or "(none)"
-        lines.append(f"<observation>\n{escape(truncate_middle(observation, max_observation_chars))}\n</observation>")
+        lines.append(f"<agent>\n{fenced(message, code)}\n</agent>")
+        lines.append(f"<observation>\n{fenced(observation, code)}\n</observation>")
         lines.append("</step>")
     if not trajectory.steps:
         lines.append("(the agent took no steps)")
@@ -108,10 +174,21 @@ def _environment() -> jinja2.Environment:
 
 def stage_messages(stage: str, **variables) -> list[dict[str, str]]:
     """System and user message of ``stage`` from ``prompts/<stage>.j2`` (macros
-    ``system`` and ``user``). Every stage states the criterion title rule (``title_words``)."""
+    ``system`` and ``user``). Every stage states the criterion title rule (``title_words``)
+    and names the fence codes of the rollouts it shows (``fences``)."""
     variables.setdefault("title_words", TITLE_WORDS)
+    variables.setdefault("fences", list(dict.fromkeys(
+        code for value in variables.values() for text in _texts(value) for code in fences_in(text))))
     module = _environment().get_template(f"{stage}.j2").make_module(variables)
     return [
         {"role": "system", "content": str(module.system()).strip()},
         {"role": "user", "content": str(module.user()).strip()},
     ]
+
+
+def _texts(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [v for v in value if isinstance(v, str)]
+    return []

@@ -10,24 +10,38 @@ A hit item scores its family's budget divided by the family's item count (negati
 Invalidity), so each family weighs the same whatever its number of items. The budgets (1.0
 each) are ours: the paper gives no values.
 
+**Measured from what ran, never from the code's text.** Agent code is under optimisation
+pressure: a comment naming a tool calls nothing, and ``print('hi')`` shows output without
+learning anything. So an item reads only what the environment recorded outside the agent's
+process: the tool calls a block made (``Step.info["tool_calls"]``, ``draco_gym.types.
+TOOL_CALLS``: name and whether the tool returned, in call order), whether the block raised
+(``exec_error``), whether the environment saw the task submitted (``submitted``), and
+whether the message held a well-formed block (``parse.error``). A trajectory from an
+environment that records no tool calls (``TOOL_CALLS`` absent, e.g. TRL completions that
+nothing ran) hits no tool item: no text stands in for a call.
+
 Which items a task gets is its operator library (``rule_library(task)``), as in TRCA's
 per-benchmark operator libraries: items that test task-relevant evidence and subgoals, built
 from what the environment declares in ``Task.metadata``:
 
-    metadata["operators"]  {"evidence": [callables], "execution": [callables]}: the calls
+    metadata["operators"]  {"evidence": [tool names], "execution": [tool names]}: the calls
                            the task needs, e.g. AppWorld's ``apis.venmo.show_transactions``
                            (evidence) and ``apis.venmo.create_transaction`` (execution),
                            built by the environment from the task (the offline suite's
                            reference solution, real AppWorld's API set). An item "calls X"
-                           is hit by a step whose code calls X and runs without error.
+                           is hit by a step that made a recorded call of X that returned
+                           (a name matches with or without AppWorld's ``apis.`` prefix).
     metadata["api_docs"]   True when the environment has API documentation the agent is
                            meant to read (AppWorld's ``apis.api_docs``); only then is
-                           "Reads the API documentation" an item.
+                           "Reads the API documentation" an item (a recorded call of an
+                           ``api_docs`` tool that returned).
 
-Without operators the generic items below are the fallback for the positive families
-(Invalidity is always generic). Repetition is not an item: re-running an action covers
-nothing new, so TRCA's breakthrough reward (the rise in coverage) gives it nothing, and that
-is where the paper scores it.
+Without operators the generic items below are the positive families' fallback (Invalidity
+is always generic): "Gets a result from a tool" is hit by a recorded call that returned and
+is neither the submission (a call the environment marks ``"submits": True``, or named
+``submit`` / ``complete_task``: PythonTools' and AppWorld's) nor documentation. Repetition
+is not an item: re-running an action covers nothing new, so TRCA's breakthrough reward (the
+rise in coverage) gives it nothing, and that is where the paper scores it.
 
 A criterion's title says what passing means: a positive item PASSes if some step hit it
 (citing those steps) and otherwise FAILs at the last step that ran code (where the missing
@@ -46,9 +60,8 @@ Public pieces, for TRCA credit and any other consumer:
 ``RuleRubricReward`` turns the same hits into DRACO verdicts with step citations, so
 the offline quickstart runs the whole pipeline (dropout, R_i, DRACO credit) with no judge.
 
-Rules read ``Step.info`` when the environment filled it (``parse.error``,
-``exec_error``, ``submitted``) and fall back to the text (a traceback in the observation),
-so trajectories built outside our environments (e.g. from TRL completions) work too.
+Where a trajectory lacks ``exec_error`` (built outside our environments), a traceback in
+the observation (the environment's output, not the code) marks the block as failed.
 """
 
 from __future__ import annotations
@@ -58,7 +71,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from draco_gym.reward.base import REWARDS, RubricReward, check_group, finalize_group
-from draco_gym.types import Criterion, GroupScore, Step, Task, Trajectory, Verdict
+from draco_gym.types import TOOL_CALLS, Criterion, GroupScore, Step, Task, Trajectory, Verdict
 
 
 @dataclass(frozen=True)
@@ -75,7 +88,44 @@ BUDGET = 1.0
 """Every family's budget B_c (ours: the paper states none)."""
 
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)|^\s*\w*(?:Error|Exception)\b[:(]", re.MULTILINE)
-_DOCS = re.compile(r"\bapi_docs\b|\bhelp\(|\bshow_api_(?:doc|descriptions)\b|\bdocumentation\b", re.IGNORECASE)
+
+SUBMIT_TOOLS = ("submit", "complete_task")
+"""Names (the last dotted part) of the tools that hand in the task: PythonTools' ``submit``,
+AppWorld's ``apis.supervisor.complete_task``. Submitting is not evidence."""
+DOC_TOOL_PART = "api_docs"
+"""A dotted name part that marks a documentation tool (AppWorld's ``apis.api_docs.*``)."""
+
+
+def tool_name(name: str) -> str:
+    """A recorded or declared tool name without AppWorld's ``apis.`` prefix, so that
+    ``apis.venmo.show_transactions`` and ``venmo.show_transactions`` name one tool."""
+    return name.removeprefix("apis.")
+
+
+def tool_calls(step: Step) -> list[dict] | None:
+    """The step's recorded tool calls (None: the environment records none). A malformed
+    record is the environment's bug and raises, naming the step."""
+    calls = step.info.get(TOOL_CALLS) if isinstance(step.info, dict) else None
+    if calls is None:
+        return None
+    if not isinstance(calls, list) or not all(
+            isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("ok"), bool) for c in calls):
+        raise ValueError(f"step {step.index}: info[{TOOL_CALLS!r}] must be a list of {{'name': str, 'ok': bool}} "
+                         f"(draco_gym.types.TOOL_CALLS), got {calls!r}")
+    return calls
+
+
+def _returned(step: Step) -> list[str]:
+    """Names of the step's recorded calls that returned (no prefix), in call order."""
+    return [tool_name(c["name"]) for c in tool_calls(step) or [] if c["ok"]]
+
+
+def _submits_call(call: dict) -> bool:
+    return call.get("submits") is True or tool_name(call["name"]).rsplit(".", 1)[-1] in SUBMIT_TOOLS
+
+
+def _is_docs(name: str) -> bool:
+    return DOC_TOOL_PART in tool_name(name).split(".")
 
 
 def _parse_error(step: Step) -> str | None:
@@ -95,37 +145,27 @@ Rule = Callable[[Trajectory, int], bool]
 
 
 def _reads_documentation(t: Trajectory, j: int) -> bool:
-    step = t.steps[j]
-    return step.code is not None and bool(_DOCS.search(step.code)) and not _exec_error(step)
+    return any(_is_docs(name) for name in _returned(t.steps[j]))
 
 
-def _observes_output(t: Trajectory, j: int) -> bool:
-    step = t.steps[j]
-    return step.code is not None and not _exec_error(step) and bool(step.observation.strip())
-
-
-def _novel_observation(t: Trajectory, j: int) -> bool:
-    step = t.steps[j]
-    if not _observes_output(t, j):
-        return False
-    seen = {s.observation.strip() for s in t.steps[:j]}
-    return step.observation.strip() not in seen
+def _gets_tool_result(t: Trajectory, j: int) -> bool:
+    return any(c["ok"] and not _submits_call(c) and not _is_docs(c["name"]) for c in tool_calls(t.steps[j]) or [])
 
 
 def _runs_cleanly(t: Trajectory, j: int) -> bool:
     return t.steps[j].code is not None and not _exec_error(t.steps[j])
 
 
-def _normalized(code: str) -> str:
-    return "\n".join(line.rstrip() for line in code.strip().splitlines() if line.strip())
+def _failed(step: Step) -> bool:
+    return _exec_error(step) or _parse_error(step) is not None or any(not c["ok"] for c in tool_calls(step) or [])
 
 
 def _recovers_from_error(t: Trajectory, j: int) -> bool:
-    if j == 0 or not _runs_cleanly(t, j):
+    """After a failed step, one that works: runs cleanly and, where the environment records
+    tool calls, gets a result from a tool (an empty block runs cleanly too)."""
+    if j == 0 or not _failed(t.steps[j - 1]) or not _runs_cleanly(t, j):
         return False
-    previous = t.steps[j - 1]
-    failed = _exec_error(previous) or _parse_error(previous) is not None
-    return failed and (previous.code is None or _normalized(previous.code) != _normalized(t.steps[j].code))
+    return tool_calls(t.steps[j]) is None or _gets_tool_result(t, j)
 
 
 def _submits(t: Trajectory, j: int) -> bool:
@@ -138,6 +178,10 @@ def _malformed_block(t: Trajectory, j: int) -> bool:
 
 def _execution_error(t: Trajectory, j: int) -> bool:
     return _exec_error(t.steps[j])
+
+
+def _tool_error(t: Trajectory, j: int) -> bool:
+    return any(not c["ok"] for c in tool_calls(t.steps[j]) or [])
 
 
 def _missing_block(t: Trajectory, j: int) -> bool:
@@ -153,35 +197,36 @@ def _missing_block(t: Trajectory, j: int) -> bool:
 # name -> (title saying what PASS means, rule saying whether a step hit the item)
 GENERIC_ITEMS: dict[str, tuple[str, Rule]] = {
     "reads_documentation": ("Reads the API documentation", _reads_documentation),
-    "observes_output": ("Gets output from its code", _observes_output),
-    "novel_observation": ("Obtains information not seen before", _novel_observation),
+    "gets_tool_result": ("Gets a result from a tool", _gets_tool_result),
     "runs_cleanly": ("Has code that runs without errors", _runs_cleanly),
-    "recovers_from_error": ("Changes approach after an error", _recovers_from_error),
-    "submits": ("Signals that the task is complete", _submits),
+    "recovers_from_error": ("After a failed step, takes one that works", _recovers_from_error),
+    "submits": ("Submits the task", _submits),
     "malformed_block": ("Writes no malformed code block", _malformed_block),
     "execution_error": ("Writes no code that raises an error", _execution_error),
+    "tool_error": ("Makes no tool call that fails", _tool_error),
     "missing_block": ("Leaves no turn without code before the end", _missing_block),
 }
 
 GENERIC_FAMILIES: dict[str, tuple[str, ...]] = {
-    "evidence": ("observes_output", "novel_observation"),
+    "evidence": ("gets_tool_result",),
     "execution": ("runs_cleanly", "recovers_from_error", "submits"),
-    "invalidity": ("malformed_block", "execution_error", "missing_block"),
+    "invalidity": ("malformed_block", "execution_error", "tool_error", "missing_block"),
 }
 SIGNS = {"evidence": +1, "execution": +1, "invalidity": -1}
 OPERATOR_FAMILIES = ("evidence", "execution")
 OPERATOR_PREFIX = "calls:"
-"""Operator items are named ``calls:<callable>``, e.g. ``calls:apis.venmo.show_transactions``."""
+"""Operator items are named ``calls:<tool>``, e.g. ``calls:apis.venmo.show_transactions``."""
 
 
 def _calls(name: str) -> Rule:
-    """A step hits "calls ``name``" when its code calls it (not as a prefix of a longer
-    name) and runs without error."""
-    pattern = re.compile(r"(?<![\w.])" + re.escape(name) + r"\s*\(")
+    """A step hits "calls ``name``" when it made a recorded call of that tool that returned;
+    a submitting tool (``SUBMIT_TOOLS``) is also hit where the environment saw the step
+    submit, for environments that record the submission but not as a tool call."""
+    wanted = tool_name(name)
+    submitting = wanted.rsplit(".", 1)[-1] in SUBMIT_TOOLS
 
     def rule(t: Trajectory, j: int) -> bool:
-        step = t.steps[j]
-        return step.code is not None and not _exec_error(step) and bool(pattern.search(step.code))
+        return wanted in _returned(t.steps[j]) or (submitting and _submits(t, j))
 
     return rule
 
@@ -200,7 +245,8 @@ class RuleLibrary:
             Criterion(
                 title=self.titles[item],
                 description=f"{name.capitalize()} rule '{item}' ({'rewarded' if spec.sign > 0 else 'penalised'}).",
-                evaluator_instruction="Decided by code from the step's code, observation and environment info.",
+                evaluator_instruction="Decided by code from what the environment recorded: the tool calls each "
+                                      "step made, whether its block raised, whether it submitted.",
                 origin="rule",
             )
             for name, spec in self.families.items()
@@ -282,15 +328,15 @@ def foundational_rewards(trajectory: Trajectory) -> list[float]:
 
 
 def _had_error(trajectory: Trajectory) -> bool:
-    return any(_exec_error(s) or _parse_error(s) is not None for s in trajectory.steps)
+    return any(_failed(s) for s in trajectory.steps)
 
 
 def rule_verdicts(trajectory: Trajectory, library: RuleLibrary | None = None) -> list[Verdict]:
     """One verdict per rule item (in the library's criteria order), citing the steps behind it.
 
     A positive item never hit FAILs at the last step that ran code: the action that ended
-    the work without it (the closing message after it did nothing). "Changes approach after
-    an error" is not applicable when nothing failed.
+    the work without it (the closing message after it did nothing). "After a failed step,
+    takes one that works" is not applicable when nothing failed.
     """
     library = library or rule_library(trajectory.task)
     hits = library.transition_items(trajectory)

@@ -133,6 +133,7 @@ class StaticRubricReward(RubricReward):
         verdicts = await stages.final_verdicts(self.client, meter, fallbacks, task_text, self.criteria, trajectories,
                                                view=self.view, mode=self.mode, samples=self.samples)
         if verdicts is None:
-            return zero_group(len(trajectories), "group: a rollout could not be scored; every reward set to 0",
-                              usage=meter.stages, fallbacks=fallbacks)
-        return finalize_group(self.criteria, verdicts, usage=meter.stages, fallbacks=fallbacks, dropout=self.dropout)
+            return meter.onto(zero_group(len(trajectories), "group: a rollout could not be scored; every reward set "
+                                         "to 0", usage=meter.stages, fallbacks=fallbacks))
+        return meter.onto(finalize_group(self.criteria, verdicts, usage=meter.stages, fallbacks=fallbacks,
+                                         dropout=self.dropout))

@@ -309,7 +309,7 @@ class JudgeServer:
     # -- control -----------------------------------------------------------------------
 
     def start(self) -> JudgeServer:
-        from draco_gym.reward.judges import forget_servers
+        from draco_gym.reward.judge_servers import forget_servers
 
         forget_servers()  # a new server may reuse an old one's port: nothing remembered carries over
         server = self

@@ -121,7 +121,7 @@ def test_operator_library_of_an_offline_task(tmp_path):
     the reads as evidence, the actions as execution, and each is hit by the block that
     makes that call (the generic items are gone from those families)."""
     from draco_gym.reward.rules import rule_library
-    from draco_gym.types import Step, Task, Trajectory
+    from draco_gym.types import TOOL_CALLS, Step, Task, Trajectory
 
     data = _data_folder(tmp_path, {"train": ["delete-tagged-notes_1"]})
     (data / "tasks" / "delete-tagged-notes_1" / "ground_truth" / "reference_solution.json").write_text(
@@ -140,8 +140,11 @@ def test_operator_library_of_an_offline_task(tmp_path):
         "calls:apis.simple_note.search_notes")
     assert library.titles["calls:apis.simple_note.search_notes"] == "Gets data from apis.simple_note.search_notes"
     assert library.titles["calls:apis.simple_note.delete_note"] == "Calls apis.simple_note.delete_note"
-    steps = [Step(index=i, text="t", code=code, observation="ok", info={"exec_error": None})
-             for i, code in enumerate(DELETE_TAGGED_NOTES, start=1)]
+    recorded = [["apis.supervisor.show_account_passwords", "apis.supervisor.show_profile", "apis.simple_note.login"],
+                ["apis.simple_note.search_notes"], ["apis.simple_note.delete_note"], ["apis.supervisor.complete_task"]]
+    steps = [Step(index=i, text="t", code=code, observation="ok",
+                  info={"exec_error": None, TOOL_CALLS: [{"name": n, "ok": True} for n in names]})
+             for i, (code, names) in enumerate(zip(DELETE_TAGGED_NOTES, recorded), start=1)]
     hits = library.transition_items(Trajectory(task=task, steps=steps))
     assert [h["evidence"] for h in hits] == [
         ["calls:apis.supervisor.show_account_passwords", "calls:apis.supervisor.show_profile"],
@@ -149,7 +152,8 @@ def test_operator_library_of_an_offline_task(tmp_path):
     assert [h["execution"] for h in hits] == [
         ["calls:apis.simple_note.login"], [], ["calls:apis.simple_note.delete_note"], ["calls:apis.supervisor.complete_task"]]
     # a block that raised reaches no subgoal, even though it names the API
-    failed = steps[2].model_copy(update={"index": 1, "info": {"exec_error": "KeyError"}})
+    failed = steps[2].model_copy(update={"index": 1, "info": {
+        "exec_error": "KeyError", TOOL_CALLS: [{"name": "apis.simple_note.delete_note", "ok": False}]}})
     assert library.transition_items(Trajectory(task=task, steps=[failed]))[0]["execution"] == []
 
 

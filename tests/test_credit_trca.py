@@ -19,7 +19,7 @@ from draco_gym.algos.credit.trca import (
     trca_credit,
     trca_step_rewards,
 )
-from draco_gym.types import STATE_KEY, GroupScore, Step, Task, Trajectory
+from draco_gym.types import STATE_KEY, TOOL_CALLS, GroupScore, Step, Task, Trajectory
 
 # Families of the hand example: item scores s_c = B_c / M_c
 #   ev  (+, B=1, 2 items) -> 0.5      ex (+, B=2, 1 item) -> 2      inv (-, B=1, 2 items) -> 0.5
@@ -193,21 +193,21 @@ def test_missing_outcome_is_a_clear_error():
 
 
 def test_repetition_is_scored_under_breakthrough():
-    """Running the same lookup twice: the second run still observes output (foundational)
+    """Running the same lookup twice: the second run still gets a tool result (foundational)
     but covers nothing new (breakthrough 0), and no Invalidity item penalises it."""
     from draco_gym.reward.rules import transition_items
 
     task = Task(id="shop", instruction="price of P1?")
     steps = [Step(index=i, text="t", code="print(get_product('P1'))", observation="{'price': 3}",
-                  info={"exec_error": None}) for i in (1, 2)]
+                  info={"exec_error": None, TOOL_CALLS: [{"name": "get_product", "ok": True}]}) for i in (1, 2)]
     traj = Trajectory(task=task, steps=steps, termination="max_turns")
     hits = transition_items(traj)
-    assert hits[1] == {"evidence": ["observes_output"], "execution": ["runs_cleanly"], "invalidity": []}
+    assert hits[1] == {"evidence": ["gets_tool_result"], "execution": ["runs_cleanly"], "invalidity": []}
     r_f, r_b, r = trca_step_rewards(hits, families_from_reward(task))
-    # step 1: observes, novel (1/2 each) + runs (1/3) = 4/3, all new; step 2: 1/2 + 1/3, nothing new
-    assert r_f == pytest.approx([4 / 3, 5 / 6])
+    # step 1: tool result (1) + runs (1/3) = 4/3, all new; step 2: the same, nothing new
+    assert r_f == pytest.approx([4 / 3, 4 / 3])
     assert r_b == pytest.approx([4 / 3, 0.0])
-    assert r == pytest.approx([4 / 3, 0.2 * 5 / 6])
+    assert r == pytest.approx([4 / 3, 0.2 * 4 / 3])
 
 
 def test_api_doc_item_only_in_families_of_a_documented_task():
@@ -226,17 +226,19 @@ def test_operator_library_items_drive_credit():
     task = Task(id=spec["id"], instruction=spec["instruction"], metadata=spec["metadata"])
     fams = {f.name: f.items for f in families_from_reward(task)}
     assert fams == {"evidence": ("calls:get_order", "calls:get_product"), "execution": ("calls:submit",),
-                    "invalidity": ("malformed_block", "execution_error", "missing_block")}
+                    "invalidity": ("malformed_block", "execution_error", "tool_error", "missing_block")}
 
-    def rollout(codes, success, states):
-        steps = [Step(index=i, text="t", code=c, observation="out", info={"exec_error": None, STATE_KEY: k})
-                 for i, (c, k) in enumerate(zip(codes, states), start=1)]
+    def rollout(codes, calls, success, states):
+        # ``calls``: the tool call the env recorded for each block
+        steps = [Step(index=i, text="t", code=c, observation="out",
+                      info={"exec_error": None, STATE_KEY: k, TOOL_CALLS: [{"name": n, "ok": True}]})
+                 for i, (c, n, k) in enumerate(zip(codes, calls, states), start=1)]
         return Trajectory(task=task, steps=steps, termination="max_turns", metrics={"success": success})
 
     good = rollout(["o = get_order('O1')", "p = [get_product(i['product_id']) for i in o['items']]", "submit(3.5)"],
-                   True, ["start", "get_order('O1')", "get_product(i['product_id'])"])
+                   ["get_order", "get_product", "submit"], True, ["start", "get_order('O1')", "get_product(i['product_id'])"])
     bad = rollout(["print(list_products())", "print(list_products(page=2))", "submit(1)"],
-                  False, ["start", "list_products()", "list_products(page=2)"])
+                  ["list_products", "list_products", "submit"], False, ["start", "list_products()", "list_products(page=2)"])
     from draco_gym.reward.rules import rule_library
 
     hits = rule_library(task).transition_items(good)

@@ -14,7 +14,7 @@ from llama_server import LlamaServer, LlamaServerMissing
 
 from draco_gym.algos.cli.demo import scripted_episodes
 from draco_gym.reward import DynamicRubricReward, OpenAIJudge
-from draco_gym.reward.judges import server_profile
+from draco_gym.reward.judge_servers import server_profile
 
 # what a schema-constrained answer cannot get wrong: its JSON and its shape
 FORMAT_ERRORS = ("not valid JSON", "must be a JSON object", "answer is empty", "Field required", "characters long",

@@ -15,7 +15,7 @@ from judge_server import DIALECTS, JudgeServer, ScriptedJudge
 from reward_fixtures import MARKERS, TASK, assert_hand_computed, group, script
 
 from draco_gym.reward import DynamicRubricReward, OpenAIJudge
-from draco_gym.reward.judges import server_profile
+from draco_gym.reward.judge_servers import server_profile
 
 # the form each family takes first time, and how many refusals it costs to get there
 FIRST_FORM = {
@@ -84,7 +84,7 @@ def test_llama_cpp_python_500_naming_the_format_steps_down_and_is_remembered(cap
     server's 500 internal_server_error names response_format.type, so the judge steps down to
     llama.cpp's json_object + schema, logs it once, and a new judge for the same URL starts there."""
     with JudgeServer(ScriptedJudge(script()), dialect="llama_cpp_python", models_endpoint=False) as server:
-        with caplog.at_level(logging.WARNING, logger="draco_gym.reward.judges"):
+        with caplog.at_level(logging.WARNING, logger="draco_gym.reward.judge_servers"):
             result = make_reward(server, judge_options={"slots": 1}).score_group(TASK, group())
             before = len(server.requests)
             other = make_reward(server, judge_options={"slots": 1}).score_group(TASK, group())
@@ -249,7 +249,7 @@ def test_llama_cpp_grammar_holds_criterion_titles_to_the_title_rule(stage):
     import re
 
     from draco_gym.reward.answers import answer_schema
-    from draco_gym.reward.judges import grammar_ready
+    from draco_gym.reward.grammar import grammar_ready
 
     schema = grammar_ready(answer_schema(stage, max_items=10), stage, 1024)
     title = re.compile(schema["properties"]["criteria"]["items"]["properties"]["title"]["pattern"])
@@ -263,7 +263,7 @@ def test_llama_cpp_grammar_holds_criterion_titles_to_the_title_rule(stage):
 @pytest.mark.parametrize("stage", ["score", "attribute", "score_attribute"])
 def test_llama_cpp_grammar_asks_one_verdict_per_criterion_in_order_and_fits_max_tokens(stage):
     from draco_gym.reward.answers import answer_schema
-    from draco_gym.reward.judges import grammar_ready
+    from draco_gym.reward.grammar import grammar_ready
 
     schema = grammar_ready(answer_schema(stage, titles=TITLES, n_steps=4), stage, 1024)
     (array,) = schema["properties"].values()
@@ -295,7 +295,7 @@ def test_llama_cpp_compiles_every_stage_grammar():
     every stage's grammar must compile (runs where the llamacpp extra is installed)."""
     grammar = pytest.importorskip("llama_cpp.llama_grammar")
     from draco_gym.reward.answers import answer_schema
-    from draco_gym.reward.judges import grammar_ready
+    from draco_gym.reward.grammar import grammar_ready
     from draco_gym.reward.stages import SEGMENT_SCHEMA
 
     for stage, options in [("propose", {"max_items": 15}), ("augment", {"max_items": 10}), ("merge", {"max_items": 24}),
@@ -313,7 +313,7 @@ def test_llama_cpp_grammar_shortens_an_open_criteria_list_that_would_not_fit_max
     JSON (the live run's merge fallback): the grammar allows only as many criteria as fit,
     each text at least 60 characters."""
     from draco_gym.reward.answers import answer_schema
-    from draco_gym.reward.judges import grammar_ready
+    from draco_gym.reward.grammar import grammar_ready
 
     for stage, limit in (("propose", 15), ("augment", 10), ("merge", 24)):
         small = grammar_ready(answer_schema(stage, max_items=limit), stage, 1024)

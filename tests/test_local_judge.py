@@ -232,7 +232,7 @@ def test_a_constrained_title_cannot_run_on_as_one_endless_word():
     import re
 
     from draco_gym.reward.answers import answer_schema
-    from draco_gym.reward.local_judge import TITLE_WORD_CHARS, grammar_schema
+    from draco_gym.reward.grammar import TITLE_WORD_CHARS, grammar_schema
 
     pattern = grammar_schema(answer_schema("propose", max_items=6), "propose")["properties"]["criteria"]["items"][
         "properties"]["title"]["pattern"]

@@ -195,9 +195,11 @@ def test_registries_and_builders():
 # -- answer checks ----------------------------------------------------------------------
 
 
-def test_extract_json_tolerates_fences_and_prose_only():
+def test_extract_json_takes_the_whole_reply_or_one_fenced_block_only():
     assert extract_json('```json\n{"a": 1}\n```') == {"a": 1}
-    assert extract_json('Here you go: {"a": 1} done') == {"a": 1}
+    assert extract_json('  {"a": 1}\n') == {"a": 1}
+    with pytest.raises(InvalidAnswer, match="not valid JSON .*the reply must be the JSON object alone"):
+        extract_json('Here you go: {"a": 1} done')
     with pytest.raises(InvalidAnswer, match="not valid JSON"):
         extract_json('{"a": ')
     with pytest.raises(InvalidAnswer, match="empty"):

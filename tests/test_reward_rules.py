@@ -17,65 +17,79 @@ from draco_gym.reward import (
     transition_items,
 )
 from draco_gym.reward.rules import RULE_CRITERIA, rule_library, rule_verdicts
-from draco_gym.types import Step, Task, Trajectory
+from draco_gym.envs.shop import purchase_tasks
+from draco_gym.types import TOOL_CALLS, Step, Task, Trajectory
 
 TASK = Task(id="music-1", instruction="Like every song in my playlist.", metadata={"api_docs": True})
 
 
-def step(j, text, code=None, observation="", *, parse_error=None, exec_error=None, submitted=False):
+def call(name, ok=True, **extra):
+    return {"name": name, "ok": ok, **extra}
+
+
+def step(j, text, code=None, observation="", *, parse_error=None, exec_error=None, submitted=False, calls=None):
+    """A step as the environment records it: ``calls`` are the tool calls the block made
+    (``Step.info["tool_calls"]``; None: the environment records none)."""
     info = {"parse": {"n_blocks": int(code is not None), "error": parse_error, "warning": None}, "exec_error": exec_error}
     if submitted:
         info["submitted"] = True
+    if calls is not None:
+        info[TOOL_CALLS] = calls
     return Step(index=j, text=text, code=code, observation=observation, info=info, n_tokens=5)
 
 
 SEARCH = "x = apis.spotify.search(q='a')"
 MESSY = Trajectory(task=TASK, termination="no_code", steps=[
-    step(1, "look", "print(apis.api_docs.show_api_descriptions('spotify'))", "login, search"),
-    step(2, "try", SEARCH, "Traceback (most recent call last):\nKeyError: 'q'", exec_error="KeyError"),
-    step(3, "again", SEARCH, "Traceback (most recent call last):\nKeyError: 'q'", exec_error="KeyError"),
+    step(1, "look", "print(apis.api_docs.show_api_descriptions('spotify'))", "login, search",
+         calls=[call("apis.api_docs.show_api_descriptions")]),
+    step(2, "try", SEARCH, "Traceback (most recent call last):\nKeyError: 'q'", exec_error="KeyError",
+         calls=[call("apis.spotify.search", ok=False)]),
+    step(3, "again", SEARCH, "Traceback (most recent call last):\nKeyError: 'q'", exec_error="KeyError",
+         calls=[call("apis.spotify.search", ok=False)]),
     step(4, "two blocks", None, "Error: found 2 code blocks.", parse_error="found 2 code blocks"),
-    step(5, "fix", "print(apis.spotify.search(query='a', page=1))", "song list"),
-    step(6, "finish", "apis.supervisor.complete_task()", "done", submitted=True),
+    step(5, "fix", "print(apis.spotify.search(query='a', page=1))", "song list", calls=[call("apis.spotify.search")]),
+    step(6, "finish", "apis.supervisor.complete_task()", "done", submitted=True,
+         calls=[call("apis.supervisor.complete_task")]),
     step(7, "All done."),
 ])
 CLEAN = Trajectory(task=TASK, termination="no_code", steps=[
-    step(1, "finish", "apis.supervisor.complete_task()", "done", submitted=True),
+    step(1, "finish", "apis.supervisor.complete_task()", "done", submitted=True,
+         calls=[call("apis.supervisor.complete_task")]),
     step(2, "Done."),
 ])
 
 
 def test_transition_items_by_hand():
     hits = transition_items(MESSY)
-    assert hits[0] == {"evidence": ["reads_documentation", "observes_output", "novel_observation"],
-                       "execution": ["runs_cleanly"], "invalidity": []}
-    assert hits[1] == {"evidence": [], "execution": [], "invalidity": ["execution_error"]}
+    assert hits[0] == {"evidence": ["reads_documentation"], "execution": ["runs_cleanly"], "invalidity": []}
+    # a call that raised: the block's error and the tool's failure are both invalid
+    assert hits[1] == {"evidence": [], "execution": [], "invalidity": ["execution_error", "tool_error"]}
     # the same failing call again: the error counts, the repetition is not an item (it earns
     # no breakthrough in TRCA instead)
-    assert hits[2] == {"evidence": [], "execution": [], "invalidity": ["execution_error"]}
+    assert hits[2] == {"evidence": [], "execution": [], "invalidity": ["execution_error", "tool_error"]}
     assert hits[3] == {"evidence": [], "execution": [], "invalidity": ["malformed_block"]}
-    assert hits[4] == {"evidence": ["observes_output", "novel_observation"],
-                       "execution": ["runs_cleanly", "recovers_from_error"], "invalidity": []}
-    assert hits[5] == {"evidence": ["observes_output", "novel_observation"],
-                       "execution": ["runs_cleanly", "submits"], "invalidity": []}
+    assert hits[4] == {"evidence": ["gets_tool_result"], "execution": ["runs_cleanly", "recovers_from_error"],
+                       "invalidity": []}
+    # submitting is not evidence, even though complete_task returned
+    assert hits[5] == {"evidence": [], "execution": ["runs_cleanly", "submits"], "invalidity": []}
     assert hits[6] == {"evidence": [], "execution": [], "invalidity": []}  # the closing turn is normal
 
 
 def test_item_scores_and_foundational_rewards():
-    # generic library: evidence 2 items (1/2 each), execution 3 (1/3), invalidity 3 (-1/3)
+    # generic library: evidence 1 item (1), execution 3 (1/3), invalidity 4 (-1/4)
     assert {f: (s.sign, s.budget, s.items) for f, s in FAMILIES.items()} == {
-        "evidence": (1, 1.0, ("observes_output", "novel_observation")),
+        "evidence": (1, 1.0, ("gets_tool_result",)),
         "execution": (1, 1.0, ("runs_cleanly", "recovers_from_error", "submits")),
-        "invalidity": (-1, 1.0, ("malformed_block", "execution_error", "missing_block"))}
-    assert item_score("evidence", "observes_output") == pytest.approx(1 / 2)
-    assert item_score("invalidity", "execution_error") == pytest.approx(-1 / 3)
-    # a task with API docs has a third evidence item: 1/3 each
-    assert item_score("evidence", "observes_output", TASK) == pytest.approx(1 / 3)
+        "invalidity": (-1, 1.0, ("malformed_block", "execution_error", "tool_error", "missing_block"))}
+    assert item_score("evidence", "gets_tool_result") == pytest.approx(1.0)
+    assert item_score("invalidity", "execution_error") == pytest.approx(-1 / 4)
+    # a task with API docs has a second evidence item: 1/2 each
+    assert item_score("evidence", "gets_tool_result", TASK) == pytest.approx(1 / 2)
     with pytest.raises(KeyError, match="reads_documentation"):
         item_score("evidence", "reads_documentation")  # no docs declared: not an item
-    # step 1: 3 evidence (1) + runs (1/3); 2, 3: one error (-1/3); 4: malformed (-1/3);
-    # 5: 2 evidence (2/3) + runs, recovers (2/3); 6: 2 evidence + runs, submits; 7: nothing
-    expected = [4 / 3, -1 / 3, -1 / 3, -1 / 3, 4 / 3, 4 / 3, 0.0]
+    # step 1: docs (1/2) + runs (1/3); 2, 3: error + tool error (-1/2); 4: malformed (-1/4);
+    # 5: tool result (1/2) + runs, recovers (2/3); 6: runs, submits (2/3); 7: nothing
+    expected = [5 / 6, -1 / 2, -1 / 2, -1 / 4, 7 / 6, 2 / 3, 0.0]
     assert foundational_rewards(MESSY) == pytest.approx(expected)
 
 
@@ -84,22 +98,26 @@ def test_rule_verdicts_cite_steps():
     titles = {c.title for c in rule_library(TASK).criteria}
     assert set(verdicts) == titles and len(titles) == 9
     assert verdicts["Reads the API documentation"] == (1, [1])
-    assert verdicts["Changes approach after an error"] == (1, [5])
+    assert verdicts["Gets a result from a tool"] == (1, [5])
+    assert verdicts["After a failed step, takes one that works"] == (1, [5])
     assert verdicts["Writes no code that raises an error"] == (-1, [2, 3])
+    assert verdicts["Makes no tool call that fails"] == (-1, [2, 3])
     assert verdicts["Writes no malformed code block"] == (-1, [4])
     assert verdicts["Leaves no turn without code before the end"] == (1, [1, 2, 3, 5, 6])  # passed: the steps with code
     clean = {v.criterion: (v.score, v.cited_steps) for v in rule_verdicts(CLEAN)}
     assert clean["Reads the API documentation"] == (-1, [1])  # omission: cited at the last action
-    assert clean["Changes approach after an error"] == (0, [])  # nothing failed: not applicable
+    assert clean["Gets a result from a tool"] == (-1, [1])  # it only submitted
+    assert clean["After a failed step, takes one that works"] == (0, [])  # nothing failed: not applicable
     # a title says what passing means: the clean rollout raised nothing and PASSes it
     assert clean["Writes no code that raises an error"] == (1, [1])
 
 
 def test_generic_criteria_read_as_what_passing_means():
     assert [c.title for c in RULE_CRITERIA] == [
-        "Gets output from its code", "Obtains information not seen before", "Has code that runs without errors",
-        "Changes approach after an error", "Signals that the task is complete", "Writes no malformed code block",
-        "Writes no code that raises an error", "Leaves no turn without code before the end"]
+        "Gets a result from a tool", "Has code that runs without errors", "After a failed step, takes one that works",
+        "Submits the task", "Writes no malformed code block", "Writes no code that raises an error",
+        "Makes no tool call that fails", "Leaves no turn without code before the end"]
+    assert all("recorded" in c.evaluator_instruction for c in RULE_CRITERIA)
 
 
 def test_api_doc_item_only_where_the_env_declares_docs():
@@ -107,7 +125,8 @@ def test_api_doc_item_only_where_the_env_declares_docs():
     documentation", because the item does not exist there."""
     calc = Task(id="calc-1", instruction="What is 6 * 7?")
     rollout = Trajectory(task=calc, termination="no_code", steps=[
-        step(1, "compute", "print(6 * 7)", "42"), step(2, "compute", "submit(42)", "", submitted=True), step(3, "42")])
+        step(1, "compute", "print(mul(6, 7))", "42", calls=[call("mul")]),
+        step(2, "compute", "submit(42)", "", submitted=True, calls=[call("submit")]), step(3, "42")])
     group = RuleRubricReward(dropout=False).score_group(calc, [rollout])
     titles = [c.title for c in group.criteria]
     assert not any("documentation" in t for t in titles) and len(titles) == 8
@@ -119,16 +138,87 @@ def test_api_doc_item_only_where_the_env_declares_docs():
 
 def test_rule_reward_with_dropout_by_hand():
     group = RuleRubricReward().score_group(TASK, [MESSY, CLEAN])
-    # nobody failed: observes_output, novel_observation, runs_cleanly, recovers_from_error
-    # (MESSY passed it, CLEAN had no error), submits, missing_block
-    assert len(group.dropped) == 6
+    # nobody failed: runs_cleanly, recovers_from_error (MESSY passed it, CLEAN had no
+    # error), submits, missing_block
+    assert len(group.dropped) == 4
     kept = [c.title for c in group.criteria]
-    assert kept == ["Reads the API documentation", "Writes no malformed code block", "Writes no code that raises an error"]
-    # MESSY: P F F -> -1/3;  CLEAN: F P P -> +1/3
-    assert group.rewards == pytest.approx([-1 / 3, 1 / 3])
-    assert group.scores[0].step_counts(7) == ([1, 0, 0, 0, 0, 0, 0], [0, 1, 1, 1, 0, 0, 0])
-    assert group.scores[1].step_counts(2) == ([2, 0], [1, 0])
+    assert kept == ["Reads the API documentation", "Gets a result from a tool", "Writes no malformed code block",
+                    "Writes no code that raises an error", "Makes no tool call that fails"]
+    # MESSY: P P F F F -> -1/5;  CLEAN: F F P P P -> +1/5
+    assert group.rewards == pytest.approx([-1 / 5, 1 / 5])
+    assert group.scores[0].step_counts(7) == ([1, 0, 0, 0, 1, 0, 0], [0, 2, 2, 1, 0, 0, 0])
+    assert group.scores[1].step_counts(2) == ([3, 0], [2, 0])
     assert group.fallbacks == [] and group.usage == {}
+
+
+# -- the red team's group: a comment naming a tool calls nothing ------------------------------
+
+PURCHASE_1 = next(t for t in purchase_tasks() if t["id"] == "purchase-1")
+PURCHASE = Task(id="purchase-1", instruction=PURCHASE_1["instruction"], metadata=PURCHASE_1["metadata"])
+
+
+def one_block(code, observation, calls, *, submitted=True):
+    return Trajectory(task=PURCHASE, termination="submitted" if submitted else "max_turns",
+                      steps=[step(1, f"```python\n{code}\n```", code, observation, submitted=submitted, calls=calls)])
+
+
+@pytest.mark.parametrize("submit_recorded", [True, False], ids=["submit-recorded", "submit-not-recorded"])
+def test_reference_outranks_comment_and_print_attempts(submit_recorded):
+    """purchase-1 as the env records it: the reference looks the product up and submits
+    without printing; the other two submit 0, one after a comment naming the tool, one after
+    print('hi'). Under source-text matching and output items the rubric gave [-1, -1, +1]."""
+    submit = [call("submit")] if submit_recorded else []
+    reference = one_block(PURCHASE_1["metadata"]["reference"][0], "", [call("get_product")] + submit)
+    comment = one_block("# get_product('P101')\nsubmit(0)", "", list(submit))
+    printer = one_block("print('hi')\nsubmit(0)", "hi", list(submit))
+    group = RuleRubricReward().score_group(PURCHASE, [reference, comment, printer])
+    # every other item is passed by all three (or not applicable) and dropped
+    assert [c.title for c in group.criteria] == ["Gets a result from a tool"]
+    assert group.rewards == [1.0, -1.0, -1.0]
+    # with a no-op beside them (a block that does nothing, twice, no submission), "Submits
+    # the task" survives dropout too: reference P P -> 1; comment, print F P -> 0; no-op F F -> -1
+    noop = Trajectory(task=PURCHASE, termination="max_turns",
+                      steps=[step(k, "```python\npass\n```", "pass", "", calls=[]) for k in (1, 2)])
+    group = RuleRubricReward().score_group(PURCHASE, [reference, comment, printer, noop])
+    assert [c.title for c in group.criteria] == ["Gets a result from a tool", "Submits the task"]
+    assert group.rewards == [1.0, 0.0, 0.0, -1.0]
+
+
+def test_no_tool_item_is_read_from_code_text():
+    """Code that names tools, with the environment recording that none was called (or
+    recording no calls at all): no tool item is hit, the docs and operator items included."""
+    task = Task(id="t", instruction="x", metadata={"api_docs": True, "operators": {
+        "evidence": ["apis.spotify.search"], "execution": ["apis.supervisor.complete_task"]}})
+    code = ("# apis.api_docs.show_api_doc(app_name='spotify')\n"
+            "s = 'apis.spotify.search(query=1)'\nprint('apis.supervisor.complete_task()')")
+    for calls in ([], None):
+        traj = Trajectory(task=task, termination="no_code", steps=[step(1, "t", code, "ok", calls=calls)])
+        hits = rule_library(task).transition_items(traj)[0]
+        assert hits == {"evidence": [], "execution": [], "invalidity": []}, calls
+
+
+def test_operator_items_are_hit_by_recorded_calls_with_or_without_the_apis_prefix():
+    task = Task(id="t", instruction="x", metadata={"operators": {
+        "evidence": ["apis.spotify.search"], "execution": ["apis.supervisor.complete_task"]}})
+    library = rule_library(task)
+    made = step(1, "t", "...", "", calls=[call("spotify.search"), call("apis.supervisor.complete_task", ok=False)])
+    hits = library.transition_items(Trajectory(task=task, steps=[made]))[0]
+    # the search returned; complete_task raised, so that subgoal was not reached
+    assert hits == {"evidence": ["calls:apis.spotify.search"], "execution": [], "invalidity": ["tool_error"]}
+
+
+def test_a_call_the_env_marks_as_submitting_is_not_evidence():
+    task = Task(id="t", instruction="x")
+    hand_in = step(1, "t", "...", "", submitted=True, calls=[call("finish_episode", submits=True)])
+    assert transition_items(Trajectory(task=task, steps=[hand_in]))[0]["evidence"] == []
+    lookup = step(1, "t", "...", "", calls=[call("finish_episode")])
+    assert transition_items(Trajectory(task=task, steps=[lookup]))[0]["evidence"] == ["gets_tool_result"]
+
+
+def test_a_malformed_tool_call_record_names_the_step():
+    fine, bad = step(1, "t", "x()", "", calls=[]), step(2, "t", "x()", "", calls=[{"name": "x"}])
+    with pytest.raises(ValueError, match=r"step 2: info\['tool_calls'\] must be a list of \{'name': str, 'ok': bool\}"):
+        transition_items(Trajectory(task=TASK, steps=[fine, bad]))
 
 
 def test_rules_read_text_when_info_is_missing():
