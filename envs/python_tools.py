@@ -245,6 +245,7 @@ class SandboxedInterpreter:
         self.tool_calls: list[dict[str, Any]] = []  # the current (or last) block's, as they happen
         self._proc: subprocess.Popen | None = None
         self._channel: os_sandbox.JsonLines | None = None
+        self._blocks_sent = 0  # per process: a done line names its block, so a stale or early one is caught
         self._tool_host = ToolHost([tool["spec"] for tool in self.tools], output_limit)
 
     def start(self) -> None:
@@ -279,6 +280,7 @@ class SandboxedInterpreter:
             start_new_session=True,  # its own process group, so close() kills anything it left
         )
         self._channel = os_sandbox.JsonLines(self._proc.stdin, self._proc.stdout.fileno(), max_line=self.max_line)
+        self._blocks_sent = 0
         try:
             ready = self._channel.receive(deadline)
             self.layers = dict(ready.get("layers", {}))
@@ -303,16 +305,18 @@ class SandboxedInterpreter:
             raise SandboxError(self._death())
         block = Block()
         self.tool_calls = block.tool_calls
+        self._blocks_sent += 1
         try:
-            self._channel.send({"code": code})
+            self._channel.send({"code": code, "block": self._blocks_sent})
         except OSError as exc:
             raise SandboxError(f"the interpreter stopped accepting code ({exc})") from None
         deadline = time.monotonic() + timeout_s
         try:
             while True:
                 message = self._read(deadline)
-                if set(message) == {"done", "output", "error"} and message["done"] is True \
-                        and isinstance(message["output"], str) and isinstance(message["error"], (str, type(None))):
+                if set(message) == {"done", "block", "output", "error"} and message["done"] is True \
+                        and message["block"] == self._blocks_sent and isinstance(message["output"], str) \
+                        and isinstance(message["error"], (str, type(None))):
                     block.output, block.error = message["output"], message["error"]
                     return block
                 if set(message) != {"call", "args"} or not isinstance(message["args"], str) \

@@ -18,10 +18,10 @@ stdout and stderr go to a capped buffer, not to the channel.
 Messages are JSON lines on a private pipe (the original stdout fd, duplicated before fd 1
 is pointed at /dev/null) and stdin:
 
-    parent -> here   {"code": src}                       run one block
+    parent -> here   {"code": src, "block": n}           run block n (numbered per process)
     here -> parent   {"call": name, "args": literal}     a stub was called; then waits for
     parent -> here   {"value": literal, "printed": text} or {"raised": {...}, "printed": text}
-    here -> parent   {"done": true, "output": text, "error": name or null}
+    here -> parent   {"done": true, "block": n, "output": text, "error": name or null}
 
 Wall-clock timeouts are the parent's job: it kills this process and starts a new one.
 """
@@ -202,7 +202,7 @@ def main() -> None:
     for line in proto_in:
         request = json.loads(line)
         output, error = run_code(request["code"], namespace, config["output_limit"])
-        proto_out.write(json.dumps({"done": True, "output": output, "error": error}) + "\n")
+        proto_out.write(json.dumps({"done": True, "block": request["block"], "output": output, "error": error}) + "\n")
 
 
 if __name__ == "__main__":
