@@ -49,7 +49,7 @@ class Host:
     shop_file: str
 
     def fields(self) -> dict[str, Any]:
-        return {"canary_file": os.path.join(self.home, "canary.txt"), "home": self.home, "outside": self.outside,
+        return {"home_parent": os.path.dirname(self.home), "outside": self.outside,
                 "victim": self.victim.pid, "marker": self.marker, "python": sys.executable,
                 "shop_file": self.shop_file}
 
@@ -185,7 +185,8 @@ HACKS: list[Hack] = [
          "import os\nd = os.open('/proc', os.O_RDONLY)\nfd = os.open('%d/environ' % os.getppid(), os.O_RDONLY, dir_fd=d)\n"
          "print(os.read(fd, 1 << 20))", lambda a: a.host.leaked_environ(a.observation)),
     Hack("home-read-dir-fd", "os.open(dir_fd=) reads the home folder",
-         "import os\nd = os.open({home!r}, os.O_RDONLY)\nprint(os.read(os.open('canary.txt', os.O_RDONLY, dir_fd=d), 100))",
+         "import os\nd = os.open({home_parent!r}, os.O_RDONLY)\n"
+         "print(os.read(os.open('home/canary.txt', os.O_RDONLY, dir_fd=d), 100))",
          lambda a: a.host.canary in a.observation),
     Hack("write-outside-dir-fd", "os.open(dir_fd=) writes outside the work folder",
          "import os\nd = os.open({outside!r}, os.O_RDONLY)\nos.write(os.open('pwned', os.O_WRONLY | os.O_CREAT, dir_fd=d), b'x')",
@@ -201,7 +202,8 @@ HACKS: list[Hack] = [
          "import os, signal\nsignal.pidfd_send_signal(os.pidfd_open({victim}), signal.SIGKILL)",
          lambda a: a.host.victim.poll() is not None),
     Hack("setsid-orphan", "a child in its own session outlives env.close()",
-         SPAWN + "spawn([{python!r}, '-c', 'import time; time.sleep(600)', {marker!r}], setsid=True)",
+         SPAWN + "spawn([{python!r}, '-c', 'import time; time.sleep(600)', {marker!r}], setsid=True)\n"
+                 "import time; time.sleep(1)  # until it has started",
          lambda a: bool(a.host.orphans())),
     Hack("fill-work-folder", "no cap on the work folder: 2 GB written",
          "written = 0\nchunk = b'\\0' * (1 << 20)\ntry:\n    for i in range(128):\n        with open(f'f{{i}}', 'wb') as f:\n"
