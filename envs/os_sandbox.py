@@ -218,8 +218,8 @@ def bwrap_command(
     folder of ``workdir_mb`` MiB that exists only inside the sandbox (nothing is left on
     the host, even when the sandbox is killed; a write past the size fails with ENOSPC).
     ``hidden`` folders and files inside the bound paths are emptied (a folder becomes an
-    empty read-only one, a file reads as empty), and ``read_only`` paths inside a hidden
-    folder are bound again on top. ``symlinks`` (link -> target) are made inside it."""
+    empty read-only one; a file becomes /dev/null on a nodev mount, which cannot be
+    opened), and ``read_only`` paths inside a hidden folder are bound again on top. ``symlinks`` (link -> target) are made inside it."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable(f"bubblewrap (`bwrap`) is not on PATH; {INSTALL_HINT}")
@@ -235,11 +235,14 @@ def bwrap_command(
             command += ["--ro-bind", path, path]
     for path in hide:
         if os.path.isdir(path):
-            command += ["--perms", "0555", "--tmpfs", path, "--remount-ro", path]
+            command += ["--perms", "0555", "--tmpfs", path]
         else:
             command += ["--ro-bind", "/dev/null", path]
     for path in again:
         command += ["--ro-bind", path, path]
+    for path in hide:
+        if os.path.isdir(path):
+            command += ["--remount-ro", path]
     if private_workdir:
         command += ["--size", str(workdir_mb * 1024 * 1024), "--tmpfs", workdir]
     else:
