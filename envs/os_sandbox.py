@@ -125,10 +125,13 @@ def resolve_mode(mode: str, what: str) -> str:
         _warned.add(what)
         warnings.warn(
             f"{what} runs agent code WITHOUT an OS sandbox ({reason}). Still in force: a scrubbed environment "
-            "(no API keys) and an audit hook refusing writes outside the work folder, processes, sockets and "
-            "reads of the home folder and of other processes' /proc entries. Not isolated: reads of any other "
-            "file this user can read (project files, /etc, other users' readable files), and native code that "
-            f"bypasses Python's audit hooks. For the OS boundary, {INSTALL_HINT}.",
+            "(no API keys), an audit hook, and on Linux where the kernel has them a seccomp filter (no process, "
+            "no signal to another process, no ptrace, no socket) and Landlock (reads only of the interpreter's "
+            "files, writes only in the work folder). Not isolated: the work folder's total size (only each "
+            "file's is capped), and where Landlock is missing the host's process list and reads of any file this "
+            "user can read outside the home folder (project files, /etc); native code gets around the audit hook. "
+            "For the OS "
+            f"boundary, {INSTALL_HINT}.",
             SandboxWarning,
             stacklevel=3,
         )
@@ -219,7 +222,8 @@ def bwrap_command(
     the host, even when the sandbox is killed; a write past the size fails with ENOSPC).
     ``hidden`` folders and files inside the bound paths are emptied (a folder becomes an
     empty read-only one; a file becomes /dev/null on a nodev mount, which cannot be
-    opened), and ``read_only`` paths inside a hidden folder are bound again on top. ``symlinks`` (link -> target) are made inside it."""
+    opened), and ``read_only`` paths inside a hidden folder are bound again on top.
+    ``symlinks`` (link -> target) are made inside it."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable(f"bubblewrap (`bwrap`) is not on PATH; {INSTALL_HINT}")

@@ -1,18 +1,22 @@
 """PythonTools: any set of plain Python functions as a code-step tool-use environment.
 
 The agent's code block runs in a separate interpreter (``sandbox_worker.py``) that keeps its
-variables across steps, has the tools and a ``submit(answer)`` function in scope, and runs
-under a wall-clock timeout, memory/CPU/file-size limits, no network, no subprocesses and no
-writes outside a per-episode temporary directory. ``sandbox`` chooses the OS boundary around
-it (``os_sandbox.py``): ``"bwrap"`` (bubblewrap), ``"guard"`` (audit hook and scrubbed
-environment only) or ``"auto"`` (bwrap when it can run). It is the template for plugging any
-other text tool-use environment into draco-gym, and the fast environment of the unit tests.
+variables across steps, under a wall-clock timeout, memory/CPU/file-size/work-folder limits,
+no network, no processes and no writes outside a per-episode work folder. The tools run
+outside it, in a tools' process (``tool_host.py``): in the interpreter each tool is a stub
+with its signature and docstring, and ``submit(answer)`` too, so the tools' code and the
+tasks' answers are out of agent code's reach; the environment serves every call, records
+it (``info["tool_calls"]``) and keeps the submitted answer. ``sandbox`` chooses the OS
+boundary around the interpreter (``os_sandbox.py``): ``"bwrap"`` (bubblewrap), ``"guard"``
+(the inner layers of ``sandbox_guard.py`` and a scrubbed environment only) or ``"auto"``
+(bwrap when it can run). It is the template for plugging any other text tool-use
+environment into draco-gym, and the fast environment of the unit tests.
 
     env = gym.make("draco_gym/PythonTools-v0")                 # the built-in shop tasks
     env = PythonToolsEnv(tools=[my_api.search, my_api.buy],    # your own tools and tasks
                          tasks=[{"id": "t1", "instruction": "...", "answer": 42}])
 
-Tools must be importable top-level functions (the worker imports them by name) or
+Tools must be importable top-level functions (the tools' process imports them by name) or
 ``"module:function"`` strings. A task is solved when the submitted answer equals its
 ``answer`` (numbers compared with a tolerance, text case- and space-insensitively).
 """
@@ -517,6 +521,11 @@ class PythonToolsEnv(CodeStepEnv):
     interpreter is reported failed; the interpreter is restarted and the episode's earlier
     blocks re-run, so the agent's variables survive.
 
+    ## Tool calls
+    ``info["tool_calls"]`` (``draco_gym.types.TOOL_CALLS``) of a step that ran code lists
+    its calls in order as the environment served them, ``{"name", "ok"}`` plus ``"error"``
+    (the exception's type) when the tool raised; ``submit`` included.
+
     ## Rewards
     Always 0: rewards come from the rubric layer. ``info["metrics"]`` at the end holds
     ``submitted``, ``answer`` and, when the task has an ``answer``, ``success`` (numbers
@@ -525,8 +534,9 @@ class PythonToolsEnv(CodeStepEnv):
     ## Episode end
     Terminated: ``no_code`` (a message without code, under ``end_rule="no_code"``),
     ``submitted`` (``submit`` called, under ``end_rule="task_completed"``), ``env_error``
-    (the interpreter could not be restarted and replayed). Truncated: ``max_turns``
-    messages. ``info["trajectory"]`` holds the episode at its end.
+    (the interpreter could not be restarted and replayed, or wrote on its channel what
+    the protocol does not allow). Truncated: ``max_turns`` messages.
+    ``info["trajectory"]`` holds the episode at its end.
 
     ## State key
     ``info["state_key"]`` (``draco_gym.types.STATE_KEY``) names the state the step was
@@ -548,21 +558,26 @@ class PythonToolsEnv(CodeStepEnv):
     (``reference_messages``); ``options={"task_id": ...}``
     at reset picks one, else the reset seed draws one.
     ``step_timeout_s`` (10) bounds one block's wall-clock time; ``memory_mb`` (1024),
-    ``cpu_s`` (120), ``file_mb`` (16) are the interpreter's resource limits and
-    ``output_limit`` (100,000 characters) caps what one block prints.
+    ``cpu_s`` (120), ``file_mb`` (16) are the interpreter's resource limits, ``workdir_mb``
+    (128) the size of its in-memory work folder under bubblewrap (under the guard the
+    folder is on disk and only each file is capped), and ``output_limit`` (100,000
+    characters) caps what one block prints.
     ``sandbox`` (``"auto"``, ``"bwrap"``, ``"guard"``; see ``draco_gym.envs.os_sandbox``) is
     the OS boundary around the interpreter, resolved here: ``"bwrap"`` raises
     ``SandboxUnavailable`` when bubblewrap cannot run, ``"guard"`` (chosen, or ``"auto"``
     falling back to it) warns once; ``env.sandbox`` says which was chosen.
-    ``read_only_paths`` adds files or folders the tools read (their data) to what the
-    sandboxed interpreter can see.
+    ``read_only_paths`` adds files or folders agent code itself may read (the tools run
+    outside the sandbox and read what they need).
     ``end_rule``, ``max_turns``, ``max_observation_chars``, ``multi_block``, ``languages``,
     ``render_mode`` ("ansi") as in ``CodeStepEnv``.
 
     ## Version history
     - v0: the initial version; since this release each step's info carries ``state_key``
       and the shop's tasks declare ``operators`` (additions only: episodes, observations
-      and metrics are unchanged).
+      and metrics are unchanged). Tools run outside the sandbox behind stubs: their
+      arguments and results are plain data, their tracebacks stay on the tools' side, each
+      step's info carries ``tool_calls``, and a channel line that is not the protocol's
+      ends the episode (``env_error``).
     """
 
     can_restore = True

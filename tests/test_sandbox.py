@@ -256,7 +256,8 @@ def test_bwrap_mode_fails_at_construction_with_the_fix_named(no_bwrap, appworld_
 
 
 def test_auto_falls_back_to_the_guard_and_warns_once_naming_what_is_exposed(no_bwrap):
-    with pytest.warns(SandboxWarning, match=r"WITHOUT an OS sandbox.*Not isolated: reads of any other file.*apt-get"):
+    expected = r"WITHOUT an OS sandbox.*seccomp.*Landlock.*Not isolated: the work folder's total size.*apt-get"
+    with pytest.warns(SandboxWarning, match=expected):
         first = gym.make("draco_gym/PythonTools-v0").unwrapped
     with warnings.catch_warnings():
         warnings.simplefilter("error", SandboxWarning)
