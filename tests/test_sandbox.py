@@ -490,3 +490,39 @@ def test_bubblewrap_caps_the_work_folder_hides_paths_and_drops_capabilities(tmp_
     assert lines["hidden file"] == "refused Permission denied" and lines["dev"] == "refused Read-only file system"
     assert result.stdout.splitlines()[-1] == "0000000000000000"
     assert not os.path.exists(workdir)  # the folder was the sandbox's, not the host's
+
+
+def test_a_channel_stops_reading_a_flood_at_its_line_cap():
+    """A line without a newline is refused once it passes ``max_line``, having read little
+    more than that: the writer is left blocked on a full pipe, not drained into memory."""
+    import threading
+    import time
+
+    read_fd, write_fd = os.pipe()
+    written = []
+
+    def flood():
+        chunk = b"x" * (1 << 16)
+        try:
+            for _ in range(1600):  # 100 MiB
+                written.append(os.write(write_fd, chunk))
+        except OSError:
+            pass
+
+    writer = threading.Thread(target=flood, daemon=True)
+    writer.start()
+    channel = os_sandbox.JsonLines(open(os.devnull, "wb"), read_fd, max_line=1 << 20)
+    with pytest.raises(os_sandbox.ProtocolError, match="longer than 1,048,576 bytes"):
+        channel.receive(time.monotonic() + 30)
+    time.sleep(0.2)
+    assert sum(written) < 4 << 20, f"{sum(written):,} bytes were drained from the pipe"
+    os.close(read_fd)
+    writer.join(5)
+    os.close(write_fd)
+    for line, error in ((b"not json\n", "not JSON"), (b"[1, 2]\n", "not an object"), (b"[" * 100_000 + b"\n", "not JSON")):
+        r, w = os.pipe()
+        os.write(w, line) if len(line) < 60_000 else threading.Thread(target=os.write, args=(w, line)).start()
+        with pytest.raises(os_sandbox.ProtocolError, match=error):
+            os_sandbox.JsonLines(open(os.devnull, "wb"), r).receive(time.monotonic() + 10)
+        os.close(r)
+        os.close(w)
