@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from draco_gym.envs import os_sandbox
+from draco_gym.envs import os_sandbox, tool_host
 from draco_gym.envs.base import CodeStepEnv, Execution, WorldLost
 from draco_gym.envs.os_sandbox import ProtocolError
 from draco_gym.envs.state_keys import call_key, last_call
@@ -261,6 +261,7 @@ class SandboxedInterpreter:
             self.workdir = os.path.realpath(tempfile.mkdtemp(prefix="draco_pythontools_"))
         config = {**self.limits, "tools": [{k: v for k, v in t.items() if k != "spec"} for t in self.tools],
                   "workdir": self.workdir, "readable": self.readable, "hidden": self.hidden,
+                  "system": [*os_sandbox.SYSTEM_DIRS, *os_sandbox.SYSTEM_FILES],
                   "private": [*os_sandbox.private_folders(), *self.hidden]}
         argv = [sys.executable, "-I", "-B", str(WORKER.resolve()), json.dumps(config)]
         env = os_sandbox.allowlisted_env(self.workdir)  # never the parent's: it holds API keys
@@ -342,7 +343,7 @@ class SandboxedInterpreter:
             except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                 raise ProtocolError("a submission that is not a literal") from None
             block.tool_calls.append({"name": "submit", "ok": True})
-            return {"value": repr("Answer submitted."), "printed": ""}
+            return {"value": tool_host.pack("Answer submitted."), "printed": ""}
         reply = self._tool_host.call(name, args, deadline)
         if "malformed" in reply:
             raise ProtocolError(f"a call the stubs do not write ({reply['malformed']})")

@@ -20,7 +20,7 @@ is pointed at /dev/null) and stdin:
 
     parent -> here   {"code": src, "block": n}           run block n (numbered per process)
     here -> parent   {"call": name, "args": literal}     a stub was called; then waits for
-    parent -> here   {"value": literal, "printed": text} or {"raised": {...}, "printed": text}
+    parent -> here   {"value": packed, "printed": text} or {"raised": {...}, "printed": text}
     here -> parent   {"done": true, "block": n, "output": text, "error": name or null}
 
 Wall-clock timeouts are the parent's job: it kills this process and starts a new one.
@@ -28,7 +28,6 @@ Wall-clock timeouts are the parent's job: it kills this process and starts a new
 
 from __future__ import annotations
 
-import ast
 import builtins
 import contextlib
 import inspect
@@ -103,7 +102,7 @@ class Channel:
             sys.stdout.write(reply["printed"])
         if "raised" in reply:
             raise wire.rebuild_exception(reply["raised"])
-        return ast.literal_eval(reply["value"])
+        return wire.unpack(reply["value"])
 
 
 class _Shown:
@@ -193,7 +192,9 @@ def main() -> None:
     namespace.update({spec["name"]: tool_stub(channel, spec) for spec in config["tools"]})
 
     guard.set_limits(config["memory_mb"], config["cpu_s"], config["file_mb"], config["tasks"])
-    layers = guard.confine(workdir=config["workdir"], readable=config["readable"], hidden=config["hidden"])
+    # Landlock's reads: what bubblewrap binds (the system's libraries too, for extension modules)
+    layers = guard.confine(workdir=config["workdir"], readable=[*config["system"], *config["readable"]],
+                           hidden=config["hidden"])
     kernel_checks_paths = layers["landlock"].startswith("on") or layers["seccomp"] == "on"
     guard.AuditGuard(config["workdir"], guard.PrivateReads(config["private"], config["readable"]),
                      allow=("os.putenv", "os.unsetenv"), strict_os_open=not kernel_checks_paths).install()

@@ -7,9 +7,11 @@ tool runs in this process, outside the sandbox, with the environment's import pa
 folder and environment variables (it is the user's code, trusted like the environment),
 and its return value or exception travels back the same way.
 
-Values cross as plain data written as Python literals (``literal``, read back with
-``ast.literal_eval``, which runs no code): None, bools, numbers, text, bytes, and lists,
-tuples, sets and dicts of them. An exception crosses as its type's name, module and
+Values cross as plain data: None, bools, numbers, text, bytes, and lists, tuples, sets and
+dicts of them. What agent code sends (arguments, answers) is written as a Python literal
+(``literal``) and read with ``ast.literal_eval``, which runs no code, by processes that do
+not trust it; what the tools return is marshalled (``pack``), faster, and read only inside
+the sandbox, which trusts its sender. An exception crosses as its type's name, module and
 nearest built-in base class plus its arguments (``describe_exception``), and is raised in
 agent code as a class of the same name derived from that base (``rebuild_exception``), so
 ``except LookupError`` catches a tool's ``LookupError`` subclass.
@@ -20,18 +22,20 @@ ends) to fork a fresh copy, which serves that interpreter's calls and dies with 
 tools' module state starts fresh with each interpreter, as a replay after a restart needs,
 without paying for their imports each time. A copy reads one request per line,
 ``{"call": name, "args": "((positional,), {keyword: ...})"}``, and writes one reply per
-line: ``{"value": literal, "printed": text}``, ``{"raised": {...}, "printed": text}``, or
+line: ``{"value": packed, "printed": text}``, ``{"raised": {...}, "printed": text}``, or
 ``{"malformed": why}`` for a request that no stub writes (the environment ends the step).
 """
 
 from __future__ import annotations
 
 import ast
+import base64
 import builtins
 import contextlib
 import importlib
 import io
 import json
+import marshal
 import math
 import os
 import sys
@@ -40,44 +44,73 @@ MAX_DEPTH = 100
 """Deepest nesting of a value that crosses (ast.literal_eval's parser stops near 200)."""
 
 
-def literal(value, depth: int = 0) -> str:
-    """``value`` as a Python literal; TypeError naming the type when it is not plain data.
-    Subclasses of the built-in types (IntEnum, numpy's float64) cross as their base type."""
+def plain(value, depth: int = 0):
+    """``value`` built of the exact built-in types (subclasses such as IntEnum or numpy's
+    float64 become their base type); TypeError naming the type when it is not plain data."""
     if depth > MAX_DEPTH:
         raise TypeError(f"a value nested more than {MAX_DEPTH} levels deep")
-    if value is None or value is True or value is False:
-        return repr(value)
+    kind = type(value)
+    if value is None or kind in (str, int, float, bool, bytes):
+        return value
     if isinstance(value, int):
-        return repr(int(value))
+        return int(value)
     if isinstance(value, float):
-        number = float(value)
-        if math.isnan(number):
-            raise TypeError("nan is not plain data here (no literal for it)")
-        return ("1e999" if number > 0 else "-1e999") if math.isinf(number) else repr(number)
+        return float(value)
     if isinstance(value, str):
-        return repr(str(value))
+        return str(value)
     if isinstance(value, (bytes, bytearray)):
-        return repr(bytes(value))
+        return bytes(value)
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{literal(k, depth + 1)}: {literal(v, depth + 1)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple, set, frozenset)):
-        items = [literal(v, depth + 1) for v in value]
-        if isinstance(value, list):
-            return "[" + ", ".join(items) + "]"
-        if isinstance(value, tuple):
-            return "(" + "".join(f"{item}, " for item in items) + ")"
-        return "{" + ", ".join(items) + "}" if items else "set()"
+        return {plain(k, depth + 1): plain(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v, depth + 1) for v in value]
+    if isinstance(value, tuple):
+        return tuple(plain(v, depth + 1) for v in value)
+    if isinstance(value, (set, frozenset)):
+        return {plain(v, depth + 1) for v in value}
     raise TypeError(f"a {type(value).__name__} is not plain data (None, bool, int, float, str, bytes, "
                     "and lists, tuples, sets and dicts of them)")
+
+
+def literal(value) -> str:
+    """``value`` as a Python literal (``ast.literal_eval`` reads it back): how what agent
+    code sends crosses, read by processes that must not trust it. TypeError for what is
+    not plain data, and for nan and the infinities, which have no literal."""
+    text = repr(plain(value))
+    if "nan" in text or "inf" in text:  # cheap test first; strings may hold the letters
+        _finite(plain(value))
+    return text
+
+
+def _finite(value) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise TypeError(f"{value} has no literal here")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _finite(k)
+            _finite(v)
+    elif isinstance(value, (list, tuple, set)):
+        for v in value:
+            _finite(v)
+
+
+def pack(value) -> str:
+    """``value`` (plain data) marshalled, as text: how what the tools return crosses into
+    the sandbox, which trusts its sender; ``unpack`` reverses it."""
+    return base64.b64encode(marshal.dumps(plain(value))).decode()
+
+
+def unpack(text: str):
+    return marshal.loads(base64.b64decode(text))
 
 
 def describe_exception(exc: BaseException) -> dict:
     """What crosses for an exception: type name and module, nearest built-in base, args."""
     base = next(c for c in type(exc).__mro__ if c.__module__ == "builtins")
     try:
-        args = literal(tuple(exc.args))
+        args = pack(tuple(exc.args))
     except TypeError:
-        args = literal((str(exc),))
+        args = pack((str(exc),))
     return {"type": type(exc).__name__, "module": type(exc).__module__, "builtin": base.__name__, "args": args}
 
 
@@ -98,9 +131,10 @@ def rebuild_exception(info: dict) -> BaseException:
             _rebuilt[key] = type(name, (base,), {"__module__": module})
         cls = _rebuilt[key]
     try:
-        return cls(*ast.literal_eval(info.get("args", "()")))
+        args = unpack(info["args"])
+        return cls(*args)
     except Exception:  # noqa: BLE001 - a base class whose signature the args do not fit
-        return cls(str(info.get("args")))
+        return cls(*map(str, args)) if isinstance(args, tuple) else cls()
 
 
 def parse_call(text: str) -> tuple[tuple, dict]:
@@ -139,7 +173,7 @@ def call(tools: dict, request: dict, printed_limit: int) -> dict:
         try:
             result = tools[name](*args, **kwargs)
             try:
-                reply = {"value": literal(result)}
+                reply = {"value": pack(result)}
             except TypeError as exc:
                 reply = {"raised": describe_exception(TypeError(f"{name}() returned {exc}"))}
         except BaseException as exc:  # noqa: BLE001 - the tool's failure is the agent's to see

@@ -377,3 +377,26 @@ def test_a_stale_done_line_ends_the_episode_and_the_next_reset_works(env):
     assert "ProtocolError" == info["exec_error"]
     env.reset(options={"task_id": "sum"})
     assert env.step(code("print(add(1, 1))"))[0].strip() == "2"
+
+
+@pytest.mark.parametrize("mode", ["bwrap", "guard"])
+def test_agent_code_imports_the_standard_library_and_the_environments_packages(mode):
+    """The kernel layers leave what imports need: extension modules and the system
+    libraries they load (sqlite3, ssl, zlib), and the virtual environment's packages."""
+    import warnings
+
+    from draco_gym.envs import os_sandbox
+
+    if mode == "bwrap" and os_sandbox.bwrap_problem() is not None:
+        pytest.skip(os_sandbox.bwrap_problem())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", os_sandbox.SandboxWarning)
+        e = PythonToolsEnv(tools=[add], tasks=TASKS, sandbox=mode)
+    try:
+        e.reset(options={"task_id": "sum"})
+        obs, _, _, _, info = e.step(code("import sqlite3, ssl, zlib, decimal, numpy\n"
+                                         "print(sqlite3.connect(':memory:').execute('select 6 * 7').fetchone()[0], "
+                                         "int(numpy.arange(4).sum()))"))
+        assert info["exec_error"] is None and obs.strip() == "42 6", obs
+    finally:
+        e.close()
