@@ -322,12 +322,16 @@ class JsonLines:
     may hold, so a flood without a newline costs no more memory than that. The caller owns
     (and closes) both ends."""
 
-    def __init__(self, writer: BinaryIO, read_fd: int, max_line: int | None = None) -> None:
+    def __init__(self, writer: BinaryIO | None, read_fd: int, max_line: int | None = None) -> None:
         self._writer = writer
         self._read_fd = read_fd
         self._max_line = max_line
         self._pending = bytearray()
         self._scanned = 0  # how much of _pending is known to hold no newline
+
+    def fileno(self) -> int:
+        """The read end, for ``select``."""
+        return self._read_fd
 
     def send(self, message: dict) -> None:
         """Raises BrokenPipeError (an OSError) when the process is gone."""

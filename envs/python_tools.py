@@ -29,6 +29,7 @@ import inspect
 import json
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -78,16 +79,18 @@ class Block:
 class ToolHost:
     """The tools' processes (``tool_host.py``): a template that imports the user's tools
     once, outside the sandbox, with this process's import path, folder and environment,
-    and per interpreter start a fresh fork of it that serves that interpreter's calls."""
+    and per interpreter start a fresh fork of it (a copy) that answers that interpreter's
+    calls directly and reports each one here."""
 
-    def __init__(self, tools: Sequence[str], printed_limit: int) -> None:
+    def __init__(self, tools: Sequence[str], printed_limit: int, max_line: int) -> None:
         self.tools = list(tools)
         self.printed_limit = printed_limit
+        self.max_line = max_line
         self._template: subprocess.Popen | None = None
         self._control = None  # the template's Unix socket
         self._pid: int | None = None  # the current copy
-        self._channel: os_sandbox.JsonLines | None = None
-        self._ends: tuple = ()
+        self.reports: os_sandbox.JsonLines | None = None  # the copy's reports
+        self._report_fd: int | None = None
 
     def _start_template(self, deadline: float) -> None:
         import socket
@@ -95,7 +98,7 @@ class ToolHost:
         self.shutdown()
         ours, theirs = socket.socketpair()
         config = {"tools": self.tools, "sys_path": list(sys.path), "parent_pid": os.getpid(),
-                  "printed_limit": self.printed_limit, "control_fd": theirs.fileno()}
+                  "printed_limit": self.printed_limit, "max_line": self.max_line, "control_fd": theirs.fileno()}
         try:
             self._template = os_sandbox.spawn([sys.executable, str(TOOL_HOST.resolve()), json.dumps(config)],
                                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -120,8 +123,10 @@ class ToolHost:
             line += chunk
         return line.decode().strip()
 
-    def launch(self, deadline: float) -> None:
-        """A fresh copy of the template (started first if needed)."""
+    def launch(self, deadline: float) -> tuple[int, int]:
+        """A fresh copy of the template (started first if needed); returns the two pipe
+        ends the interpreter talks to it on (to the copy, from the copy), which the
+        caller passes to the interpreter and then closes."""
         import socket
 
         self.close()
@@ -129,33 +134,26 @@ class ToolHost:
             self._start_template(deadline)
         requests_r, requests_w = os.pipe()
         replies_r, replies_w = os.pipe()
+        reports_r, reports_w = os.pipe()
         try:
-            socket.send_fds(self._control, [b"fork"], [requests_r, replies_w])
+            socket.send_fds(self._control, [b"fork"], [requests_r, replies_w, reports_w])
             pid = self._control_line(deadline)
         finally:
-            os.close(requests_r)
-            os.close(replies_w)
+            for fd in (requests_r, replies_w, reports_w):
+                os.close(fd)
         if not pid.isdigit():
-            os.close(requests_w)
-            os.close(replies_r)
+            for fd in (requests_w, replies_r, reports_r):
+                os.close(fd)
             raise SandboxError(f"the tools' process did not fork a copy:\n{_tail(self._template)}")
-        self._pid = int(pid)
-        writer = os.fdopen(requests_w, "wb")
-        self._ends = (writer, replies_r)
-        self._channel = os_sandbox.JsonLines(writer, replies_r)
+        self._pid, self._report_fd = int(pid), reports_r
+        self.reports = os_sandbox.JsonLines(None, reports_r)
+        return requests_w, replies_r
 
     def wait_ready(self, deadline: float) -> None:
         try:
-            self._channel.receive(deadline)
+            self.reports.receive(deadline)
         except (EOFError, ProtocolError, TimeoutError):
             raise SandboxError("the tools' process copy did not start") from None
-
-    def call(self, name: str, args: str, deadline: float) -> dict:
-        try:
-            self._channel.send({"call": name, "args": args})
-            return self._channel.receive(deadline)
-        except (EOFError, OSError):
-            raise SandboxError(f"the tools' process died during {name}()") from None
 
     def close(self) -> None:
         """Kill the current copy and whatever it started."""
@@ -166,9 +164,9 @@ class ToolHost:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(self._pid, signal.SIGKILL)
             self._pid = None
-        for end in self._ends:
-            end.close() if hasattr(end, "close") else os.close(end)
-        self._ends, self._channel = (), None
+        if self._report_fd is not None:
+            os.close(self._report_fd)
+        self._report_fd, self.reports = None, None
 
     def shutdown(self) -> None:
         """Also end the template."""
@@ -240,7 +238,6 @@ class SandboxedInterpreter:
                                 *os_sandbox.code_paths(os_sandbox.isolated_sys_path(sys.executable)),
                                 *scripts, *(os.path.realpath(p) for p in read_only)})
         self.hidden = module_locations([*PROJECT_PACKAGES, *hidden_modules])
-        self.tool_names = {tool["name"] for tool in self.tools}
         # a done line holds up to output_limit characters, a call MAX_CALL_CHARS, each at
         # most 12 bytes once JSON-escaped; anything longer is a flood
         self.max_line = 12 * max(output_limit, MAX_CALL_CHARS) + 4096
@@ -250,7 +247,7 @@ class SandboxedInterpreter:
         self._proc: subprocess.Popen | None = None
         self._channel: os_sandbox.JsonLines | None = None
         self._blocks_sent = 0  # per process: a done line names its block, so a stale or early one is caught
-        self._tool_host = ToolHost([tool["spec"] for tool in self.tools], output_limit)
+        self._tool_host = ToolHost([tool["spec"] for tool in self.tools], output_limit, self.max_line)
 
     def start(self) -> None:
         self.close()
@@ -271,19 +268,26 @@ class SandboxedInterpreter:
         popen = os_sandbox.spawn if self.mode == "bwrap" else subprocess.Popen
         deadline = time.monotonic() + self.start_timeout_s
         try:
-            self._tool_host.launch(deadline)
+            tool_fds = self._tool_host.launch(deadline)
         except SandboxError:
             self.close()
             raise
-        self._proc = popen(
-            argv,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd="/" if self.mode == "bwrap" else self.workdir,
-            start_new_session=True,  # its own process group, so close() kills anything it left
-        )
+        config["tool_fds"] = list(tool_fds)
+        argv[-1] = json.dumps(config)  # the worker's argument, last (after bwrap's "--")
+        try:
+            self._proc = popen(
+                argv,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=tool_fds,
+                cwd="/" if self.mode == "bwrap" else self.workdir,
+                start_new_session=True,  # its own process group, so close() kills anything it left
+            )
+        finally:
+            for fd in tool_fds:
+                os.close(fd)
         self._channel = os_sandbox.JsonLines(self._proc.stdin, self._proc.stdout.fileno(), max_line=self.max_line)
         self._blocks_sent = 0
         try:
@@ -300,10 +304,10 @@ class SandboxedInterpreter:
             raise
 
     def run(self, code: str, timeout_s: float) -> Block:
-        """Run one block, serving its tool calls. Raises TimeoutError (both processes
-        killed), SandboxError (one died) or ProtocolError (the interpreter wrote what the
-        protocol does not allow: the processes are killed, the block's submission is not
-        kept)."""
+        """Run one block; the tools' process serves its calls and reports them here.
+        Raises TimeoutError (both processes killed), SandboxError (one died) or
+        ProtocolError (something on a channel the protocol does not allow: the processes
+        are killed, the block's submission is not kept)."""
         if self._proc is None:
             raise SandboxError("the interpreter is not running")
         if self._proc.poll() is not None:
@@ -316,18 +320,28 @@ class SandboxedInterpreter:
         except OSError as exc:
             raise SandboxError(f"the interpreter stopped accepting code ({exc})") from None
         deadline = time.monotonic() + timeout_s
+        worker_fd, report_fd = self._proc.stdout.fileno(), self._tool_host.reports.fileno()
         try:
             while True:
-                message = self._read(deadline)
-                if set(message) == {"done", "block", "output", "error"} and message["done"] is True \
-                        and message["block"] == self._blocks_sent and isinstance(message["output"], str) \
-                        and isinstance(message["error"], (str, type(None))):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                ready, _, _ = select.select([worker_fd, report_fd], [], [], remaining)
+                if report_fd in ready:
+                    self._take_reports(block, deadline)
+                if worker_fd in ready:
+                    try:
+                        message = self._channel.receive(deadline)
+                    except EOFError:
+                        self._take_reports(block, time.monotonic(), quiet_end=True)  # a violation explains it
+                        raise SandboxError(self._death()) from None
+                    if set(message) != {"done", "block", "output", "error"} or message["done"] is not True \
+                            or message["block"] != self._blocks_sent or not isinstance(message["output"], str) \
+                            or not isinstance(message["error"], (str, type(None))):
+                        raise ProtocolError(f"an unexpected message {json.dumps(message)[:120]}")
+                    self._take_reports(block, time.monotonic())  # written before the block's last reply
                     block.output, block.error = message["output"], message["error"]
                     return block
-                if set(message) != {"call", "args"} or not isinstance(message["args"], str) \
-                        or message["call"] not in {*self.tool_names, "submit"}:
-                    raise ProtocolError(f"an unexpected message {json.dumps(message)[:120]}")
-                self._channel.send(self._serve(message["call"], message["args"], block, deadline))
         except (TimeoutError, ProtocolError, SandboxError):
             self.close()
             raise
@@ -335,29 +349,28 @@ class SandboxedInterpreter:
             self.close()
             raise SandboxError(f"the interpreter stopped reading ({exc})") from None
 
-    def _serve(self, name: str, args: str, block: Block, deadline: float) -> dict:
-        """The reply to one call; ``submit`` is answered here, every other tool by its process."""
-        if name == "submit":
+    def _take_reports(self, block: Block, deadline: float, quiet_end: bool = False) -> None:
+        """The reports the tools' copy has written, into ``block``: waiting until
+        ``deadline`` for the first, then only those already in the pipe. The copy's end
+        is a SandboxError unless ``quiet_end`` (the interpreter ended first)."""
+        while True:
             try:
-                block.answer, block.submitted = ast.literal_eval(args), True
-            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                raise ProtocolError("a submission that is not a literal") from None
-            block.tool_calls.append({"name": "submit", "ok": True})
-            return {"value": tool_host.pack("Answer submitted."), "printed": ""}
-        reply = self._tool_host.call(name, args, deadline)
-        if "malformed" in reply:
-            raise ProtocolError(f"a call the stubs do not write ({reply['malformed']})")
-        record: dict[str, Any] = {"name": name, "ok": "value" in reply}
-        if "raised" in reply:
-            record["error"] = reply["raised"]["type"]
-        block.tool_calls.append(record)
-        return reply
-
-    def _read(self, deadline: float) -> dict[str, Any]:
-        try:
-            return self._channel.receive(deadline)
-        except EOFError:
-            raise SandboxError(self._death()) from None
+                report = self._tool_host.reports.receive(deadline)
+            except TimeoutError:
+                return
+            except EOFError:
+                if quiet_end:
+                    return
+                raise SandboxError("the tools' process died") from None
+            if "violation" in report:
+                raise ProtocolError(str(report["violation"]))
+            if "submit" in report:
+                block.answer, block.submitted = ast.literal_eval(report["submit"]), True
+                block.tool_calls.append({"name": "submit", "ok": True})
+            else:
+                block.tool_calls.append({"name": report["call"], "ok": report["ok"],
+                                         **({"error": report["error"]} if "error" in report else {})})
+            deadline = time.monotonic()
 
     def _death(self) -> str:
         """One message for a dead interpreter, whether its exit was seen before or after

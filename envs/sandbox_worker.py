@@ -3,25 +3,29 @@ by the parent).
 
 It keeps one namespace alive across code blocks, like a notebook, so variables persist from
 step to step. The tools are not here: each name in the namespace is a stub with the tool's
-signature and docstring that sends the call to the environment (``tool_host.py`` holds
-the wire format) and returns the tool's result or raises its exception; ``submit`` is a
-stub too, and the environment records the answer. So neither the tools' code nor the
-tasks' answers are importable or readable from here, and nothing written on the channel
-decides the outcome: the environment counts the submissions it received and compares them
-with answers this process never saw.
+signature and docstring that sends the call to the tools' process outside the sandbox
+(``tool_host.py``, which holds the wire format) and returns the tool's result or raises
+its exception; ``submit`` is a stub too. The tools' process reports every call and answer
+to the environment on a pipe this process never holds. So neither the tools' code nor the
+tasks' answers are importable or readable from here, and nothing written here decides the
+outcome: the environment counts the submissions reported to it and compares them with
+answers this process never saw.
 
 The parent starts it inside the OS sandbox (``os_sandbox.py``) when it can; whatever the
 sandbox, before any agent code runs it confines itself (``sandbox_guard.py``): resource
 limits, Landlock and seccomp where the kernel has them, and the audit hook. Agent code's
 stdout and stderr go to a capped buffer, not to the channel.
 
-Messages are JSON lines on a private pipe (the original stdout fd, duplicated before fd 1
-is pointed at /dev/null) and stdin:
+Messages are JSON lines. With the environment, on stdin and a private pipe (the original
+stdout fd, duplicated before fd 1 is pointed at /dev/null):
 
     parent -> here   {"code": src, "block": n}           run block n (numbered per process)
-    here -> parent   {"call": name, "args": literal}     a stub was called; then waits for
-    parent -> here   {"value": packed, "printed": text} or {"raised": {...}, "printed": text}
     here -> parent   {"done": true, "block": n, "output": text, "error": name or null}
+
+With the tools' process, on two inherited pipe ends (``tool_fds``):
+
+    here -> tools    {"call": name, "json" or "args": text}   a stub was called; then waits for
+    tools -> here    {"value": packed, "printed": text} or {"raised": {...}, "printed": text}
 
 Wall-clock timeouts are the parent's job: it kills this process and starts a new one.
 """
@@ -81,22 +85,22 @@ class CappedBuffer(io.TextIOBase):
 
 
 class Channel:
-    """The stubs' line to the environment: one call at a time, whatever thread makes it."""
+    """The stubs' line to the tools' process: one call at a time, whatever thread makes it."""
 
     def __init__(self, reader, writer, max_call_chars: int) -> None:
         self.reader, self.writer = reader, writer
         self.max_call_chars = max_call_chars
         self.lock = threading.Lock()
 
-    def call(self, name: str, args: str):
+    def call(self, name: str, form: str, args: str):
         if len(args) > self.max_call_chars:
             raise TypeError(f"{name}() was given {len(args):,} characters of arguments; at most "
                             f"{self.max_call_chars:,} cross to the tool")
         with self.lock:
-            self.writer.write(json.dumps({"call": name, "args": args}) + "\n")
+            self.writer.write(json.dumps({"call": name, form: args}) + "\n")
             line = self.reader.readline()
         if not line:
-            os._exit(0)  # the environment is gone
+            os._exit(0)  # the tools' process is gone: the environment is ending this one
         reply = json.loads(line)
         if reply.get("printed"):
             sys.stdout.write(reply["printed"])
@@ -131,7 +135,7 @@ def tool_stub(channel: Channel, spec: dict):
     name = spec["name"]
 
     def stub(*args, **kwargs):
-        return channel.call(name, wire.literal((args, kwargs)))
+        return channel.call(name, *wire.encode_call(args, kwargs))
 
     stub.__name__ = stub.__qualname__ = name
     stub.__module__ = "tools"
@@ -147,7 +151,7 @@ def submit_stub(channel: Channel):
             text = wire.literal(answer)
         except TypeError:
             text = wire.literal(str(answer))
-        return channel.call("submit", text)
+        return channel.call("submit", "args", text)
 
     submit.__module__ = "tools"
     return submit
@@ -187,7 +191,8 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
-    channel = Channel(proto_in, proto_out, config["max_call_chars"])
+    to_tools, from_tools = config["tool_fds"]
+    channel = Channel(os.fdopen(from_tools, "r"), os.fdopen(to_tools, "w", buffering=1), config["max_call_chars"])
     namespace = {"__name__": "__agent__", "__builtins__": builtins, "submit": submit_stub(channel)}
     namespace.update({spec["name"]: tool_stub(channel, spec) for spec in config["tools"]})
 

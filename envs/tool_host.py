@@ -17,13 +17,20 @@ agent code as a class of the same name derived from that base (``rebuild_excepti
 ``except LookupError`` catches a tool's ``LookupError`` subclass.
 
 The process imports the tools once per environment and then serves as a template: for
-every interpreter start the environment asks it (over a Unix socket, handing it two pipe
+every interpreter start the environment asks it (over a Unix socket, handing it three pipe
 ends) to fork a fresh copy, which serves that interpreter's calls and dies with it. So the
 tools' module state starts fresh with each interpreter, as a replay after a restart needs,
-without paying for their imports each time. A copy reads one request per line,
-``{"call": name, "args": "((positional,), {keyword: ...})"}``, and writes one reply per
-line: ``{"value": packed, "printed": text}``, ``{"raised": {...}, "printed": text}``, or
-``{"malformed": why}`` for a request that no stub writes (the environment ends the step).
+without paying for their imports each time.
+
+A copy talks to the interpreter directly, one request per line, ``{"call": name, "json":
+"[[positional], {keyword: ...}]"}`` or, for what JSON cannot carry exactly, ``{"call":
+name, "args": "((positional,), {keyword: ...})"}`` (``submit``'s args: the answer's
+literal), one reply
+per line, ``{"value": packed, "printed": text}`` or ``{"raised": {...}, "printed": text}``;
+and reports each request to the environment, on a pipe the interpreter never holds:
+``{"call": name, "ok": bool[, "error": type]}``, ``{"submit": literal}``, or
+``{"violation": why}`` for a request no stub writes, after which the copy stops (the
+environment ends the episode).
 """
 
 from __future__ import annotations
@@ -137,12 +144,29 @@ def rebuild_exception(info: dict) -> BaseException:
         return cls(*map(str, args)) if isinstance(args, tuple) else cls()
 
 
-def parse_call(text: str) -> tuple[tuple, dict]:
-    """``"((args,), {kwargs})"`` back to args and kwargs; ValueError when it is not that."""
+def encode_call(args: tuple, kwargs: dict) -> tuple[str, str]:
+    """(format, text) for a call's arguments: ``"json"`` when JSON carries them exactly
+    (most calls: text, numbers, lists and dicts with text keys; read fast), else
+    ``"args"``, a Python literal of ``(args, kwargs)``."""
     try:
-        args, kwargs = ast.literal_eval(text)
+        text = json.dumps([list(args), kwargs])
+        if json.loads(text) == [list(args), kwargs]:
+            return "json", text
+    except (TypeError, ValueError, RecursionError):
+        pass
+    return "args", literal((args, kwargs))
+
+
+def parse_call(form: str, text: str) -> tuple[tuple, dict]:
+    """``encode_call``'s text back to args and kwargs; ValueError when it is not that."""
+    try:
+        if form == "json":
+            args, kwargs = json.loads(text)
+            args = tuple(args) if isinstance(args, list) else args
+        else:
+            args, kwargs = ast.literal_eval(text)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as exc:
-        raise ValueError(f"arguments that are not a literal pair ({type(exc).__name__})") from None
+        raise ValueError(f"arguments that are not a pair ({type(exc).__name__})") from None
     if not isinstance(args, tuple) or not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
         raise ValueError("arguments that are not (tuple, dict of str)")
     return args, kwargs
@@ -159,27 +183,53 @@ def load_tools(specs: list[str]) -> dict:
     return tools
 
 
-def call(tools: dict, request: dict, printed_limit: int) -> dict:
-    """One request's reply (never raises)."""
-    name = request.get("call")
-    if name not in tools or not isinstance(request.get("args"), str):
-        return {"malformed": f"a call of {str(name)[:80]!r}, which is not a tool"}
-    try:
-        args, kwargs = parse_call(request["args"])
-    except ValueError as exc:
-        return {"malformed": str(exc)}
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+class Served:
+    """A copy's answers: each request of the interpreter gets a reply, and the environment
+    a report line, written before the reply (so when the interpreter says its block is
+    done, every report of the block is already in the environment's pipe)."""
+
+    def __init__(self, tools: dict, printed_limit: int) -> None:
+        self.tools = tools
+        self.printed_limit = printed_limit
+
+    def answer(self, line: str) -> tuple[dict, dict | None]:
+        """(report, reply); reply None for a request no stub writes."""
         try:
-            result = tools[name](*args, **kwargs)
+            request = json.loads(line)
+        except (ValueError, RecursionError):
+            return {"violation": f"a line that is not JSON: {line[:80]!r}"}, None
+        form = "json" if isinstance(request, dict) and "json" in request else "args"
+        if not isinstance(request, dict) or set(request) != {"call", form} or not isinstance(request[form], str) \
+                or (request["call"] != "submit" and request["call"] not in self.tools) \
+                or (request["call"] == "submit" and form != "args"):
+            return {"violation": f"a request no stub writes: {line[:120]!r}"}, None
+        name, args = request["call"], request[form]
+        if name == "submit":
             try:
-                reply = {"value": pack(result)}
-            except TypeError as exc:
-                reply = {"raised": describe_exception(TypeError(f"{name}() returned {exc}"))}
-        except BaseException as exc:  # noqa: BLE001 - the tool's failure is the agent's to see
-            reply = {"raised": describe_exception(exc)}
-    reply["printed"] = buffer.getvalue()[:printed_limit]
-    return reply
+                answer = ast.literal_eval(args)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                return {"violation": "a submission that is not a literal"}, None
+            del answer  # well-formed: the environment reads the same text
+            return {"submit": args}, {"value": pack("Answer submitted."), "printed": ""}
+        try:
+            positional, keywords = parse_call(form, args)
+        except ValueError as exc:
+            return {"violation": str(exc)}, None
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+            try:
+                result = self.tools[name](*positional, **keywords)
+                try:
+                    reply = {"value": pack(result)}
+                except TypeError as exc:
+                    reply = {"raised": describe_exception(TypeError(f"{name}() returned {exc}"))}
+            except BaseException as exc:  # noqa: BLE001 - the tool's failure is the agent's to see
+                reply = {"raised": describe_exception(exc)}
+        reply["printed"] = buffer.getvalue()[:self.printed_limit]
+        report = {"call": name, "ok": "value" in reply}
+        if "raised" in reply:
+            report["error"] = reply["raised"]["type"]
+        return report, reply
 
 
 def _die_with_parent() -> None:
@@ -195,17 +245,25 @@ def _die_with_parent() -> None:
         pass
 
 
-def serve(tools: dict, requests: int, replies: int, printed_limit: int) -> None:
-    """One copy's life: answer calls on the two pipe ends until the environment closes them."""
-    reader = os.fdopen(requests, "r")
+def serve(served: Served, requests: int, replies: int, reports: int, max_line: int) -> None:
+    """One copy's life: answer the interpreter's calls until it closes its end; a request
+    no stub writes is reported and ends the copy (the environment ends the episode)."""
+    reader = os.fdopen(requests, "rb")
     writer = os.fdopen(replies, "w", buffering=1)
-    writer.write(json.dumps({"ready": True}) + "\n")
-    for line in reader:
-        try:
-            request = json.loads(line)
-        except ValueError:
-            request = {}
-        writer.write(json.dumps(call(tools, request if isinstance(request, dict) else {}, printed_limit)) + "\n")
+    report = os.fdopen(reports, "w", buffering=1)
+    report.write(json.dumps({"ready": True}) + "\n")
+    while True:
+        line = reader.readline(max_line + 1)
+        if not line:
+            return
+        if len(line) > max_line:
+            report.write(json.dumps({"violation": f"a line longer than {max_line:,} bytes"}) + "\n")
+            return
+        note, reply = served.answer(line.decode(errors="replace"))
+        report.write(json.dumps(note) + "\n")
+        if reply is None:
+            return
+        writer.write(json.dumps(reply) + "\n")
 
 
 def main() -> None:
@@ -222,9 +280,10 @@ def main() -> None:
     tools = load_tools(config["tools"])  # a failure reaches the environment on stderr
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # copies are reaped by the kernel
     control.sendall(b"ready\n")
+    served = Served(tools, config["printed_limit"])
     while True:
-        _, fds, _, _ = socket.recv_fds(control, 16, 2)
-        if len(fds) != 2:
+        _, fds, _, _ = socket.recv_fds(control, 16, 3)
+        if len(fds) != 3:
             return  # the environment closed its end
         pid = os.fork()
         if pid == 0:
@@ -232,7 +291,7 @@ def main() -> None:
             os.setsid()  # its own group: the environment kills it with whatever it started
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             _die_with_parent()
-            serve(tools, fds[0], fds[1], config["printed_limit"])
+            serve(served, *fds, config["max_line"])
             os._exit(0)
         for fd in fds:
             os.close(fd)

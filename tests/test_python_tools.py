@@ -400,3 +400,23 @@ def test_agent_code_imports_the_standard_library_and_the_environments_packages(m
         assert info["exec_error"] is None and obs.strip() == "42 6", obs
     finally:
         e.close()
+
+
+@pytest.mark.parametrize("line", ["not json", '{"call": "add", "args": "__import__(\'os\')"}',
+                                  '{"call": "submit", "json": "[[5], {}]"}', '{"call": "nope", "json": "[[], {}]"}',
+                                  "FLOOD"], ids=["not-json", "not-literal", "submit-as-json", "unknown-tool", "flood"])
+def test_a_line_no_stub_writes_on_the_tools_channel_ends_the_episode(env, line):
+    """The tools' process refuses what no stub sends (not JSON, an argument that is not a
+    literal, a submission in another form, an unknown tool, a flood) and reports it: the
+    episode ends as env_error, nothing is submitted, and the next reset works."""
+    from draco_gym.types import Termination
+
+    env.reset(options={"task_id": "sum"})
+    forge = (f"import json, os, sys\nfd = json.loads(sys.argv[-1])['tool_fds'][0]\nline = {line!r}\n"
+             "if line == 'FLOOD':\n    for _ in range(200):\n        os.write(fd, b'x' * (1 << 16))\n"
+             "os.write(fd, line.encode() + b'\\n')\nadd(2, 3)")
+    obs, _, terminated, _, info = env.step(code(forge))
+    assert terminated and info["trajectory"].termination == Termination.ENV_ERROR, obs
+    assert info["exec_error"] == "ProtocolError" and info["metrics"]["submitted"] is False
+    env.reset(options={"task_id": "sum"})
+    assert env.step(code("print(add(1, 1))"))[0].strip() == "2"
