@@ -13,7 +13,7 @@ import importlib
 
 TARGETS: dict[str, tuple[str, str]] = {
     "appworld": ("draco_gym.envs.appworld.setup_cli", "the AppWorld engine's runtime and its offline task suite"),
-    "model": ("draco_gym.algos.setup_cli", "the SmolLM2-135M-Instruct weights of the quickstart policy"),
+    "model": ("draco_gym.algos.cli.setup_model", "the SmolLM2-135M-Instruct weights of the quickstart policy"),
 }
 
 

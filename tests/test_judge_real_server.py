@@ -12,7 +12,7 @@ import time
 import pytest
 from llama_server import LlamaServer, LlamaServerMissing
 
-from draco_gym.algos.demo import scripted_episodes
+from draco_gym.algos.cli.demo import scripted_episodes
 from draco_gym.reward import DynamicRubricReward, OpenAIJudge
 from draco_gym.reward.judges import server_profile
 

@@ -24,9 +24,9 @@ from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 from draco_gym.types import Trajectory
 
-from draco_gym.algos.chat import ChatFormat, eos_token_ids
+from draco_gym.algos.policy.chat import ChatFormat, eos_token_ids
 from draco_gym.algos.config import EpisodeLimits
-from draco_gym.algos.rollout import Episode, run_episodes
+from draco_gym.algos.policy.rollout import Episode, run_episodes
 
 
 def make_env(env: Any, env_config: dict, modules=()):
@@ -127,7 +127,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self.sampler = self._make_sampler(config.temperature)
 
     def _make_sampler(self, temperature: float):
-        from draco_gym.algos.generation import TorchSampler, VLLMSampler
+        from draco_gym.algos.policy.generation import TorchSampler, VLLMSampler
 
         eos = eos_token_ids(self.tokenizer, getattr(self.module.lm, "generation_config", None))
         if self.config.sampler == "vllm":
@@ -189,7 +189,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     @property
     def reward(self):
         if self._reward is None:
-            from draco_gym.algos.policy_judge import build_trainer_reward
+            from draco_gym.algos.policy.self_judge import build_trainer_reward
 
             self._reward = build_trainer_reward(self.config.reward, dict(self.config.reward_options), self)
         return self._reward

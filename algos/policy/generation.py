@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from draco_gym.algos.prefix import cache_argument, prefix_groups
+from draco_gym.algos.policy.prefix import cache_argument, prefix_groups
 
 
 @dataclass
