@@ -5,17 +5,19 @@ Agent code is written by a policy under optimisation pressure, and what it print
 saved in trajectories and sent to a third-party judge. So a process that runs it gets:
 
   - ``"bwrap"``: a bubblewrap sandbox. Fresh user, PID, network, IPC, UTS and cgroup
-    namespaces (no network at all: the parent talks to it over pipes or a Unix socket in
-    its work folder); a read-only root holding only the system's program and library
-    folders and the paths the caller names (interpreter, virtual environments, tools' code,
-    task data); the process's own work folder as the one writable place; a private /proc
-    (its own processes only) and a minimal /dev; no home folder; an environment built from
-    an allowlist; killed with its parent (``--die-with-parent``).
+    namespaces (no network at all: the parent talks to it over pipes); no capability, even
+    when the parent is root, and no nested user namespace; a read-only root holding only the
+    system's program and library folders and the paths the caller names (interpreter,
+    virtual environments, task data), with ``hidden`` paths inside them emptied; the
+    process's own work folder as the one writable place (an in-memory folder of a fixed
+    size, or a host folder); a private /proc (its own processes only) and a read-only
+    minimal /dev; no home folder; an environment built from an allowlist; killed with its
+    parent (``--die-with-parent``), and everything in it with it (its PID namespace).
   - ``"guard"``: no OS boundary, for machines without bubblewrap (macOS, containers without
-    user namespaces). The process still gets the allowlisted environment, and its audit
-    hook (always on, in both modes: the inner layer) refuses writes outside the work
-    folder, processes, sockets and reads of the home folder and of other processes' /proc
-    entries. Reads anywhere else remain possible; a single warning says so.
+    user namespaces). The process still gets the allowlisted environment and confines
+    itself (``sandbox_guard.py``, in both modes: the inner layers): an audit hook, and on
+    Linux a seccomp filter and a Landlock rule set where the kernel has them. A single
+    warning names what is not isolated.
   - ``"auto"`` (default): ``"bwrap"`` when it can run here, else ``"guard"``.
 
 Whatever the mode, the parent's environment is never passed on: API keys in the trainer's
@@ -29,6 +31,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -51,7 +54,15 @@ ENV_ALLOWLIST: tuple[str, ...] = ("LANG", "LC_ALL", "LC_CTYPE")
 """Variables copied from the parent's environment; every other one is dropped."""
 
 WORKER_SCRIPT = Path(__file__).with_name("sandbox_worker.py")
-"""PythonTools' interpreter, and the home of the read rule both environments' hooks apply."""
+"""PythonTools' interpreter."""
+
+GUARD_MODULE = Path(__file__).with_name("sandbox_guard.py")
+"""The inner layers (audit hook, seccomp, Landlock, limits) every process running agent code
+installs on itself, loaded by path (``sandbox_guard.load``)."""
+
+PRIVATE_WORKDIR_MB = 512
+"""Default size of an in-memory work folder (``bwrap_command(private_workdir=True)``): its
+pages are memory that no address-space limit counts."""
 
 SYSTEM_DIRS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SYSTEM_FILES: tuple[str, ...] = ("/etc/ld.so.cache",)
@@ -79,8 +90,9 @@ def bwrap_problem() -> str | None:
     path = shutil.which("bwrap")
     if path is None:
         return "bubblewrap (`bwrap`) is not on PATH"
-    probe = [path, "--unshare-all", "--die-with-parent", *_system_binds(), "--proc", "/proc", "--dev", "/dev",
-             "--remount-ro", "/", "--", "true"]
+    # every option bwrap_command uses: an older bubblewrap lacks --size or --disable-userns
+    probe = [path, *_BOUNDARY, *_system_binds(), "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+             "--size", str(1 << 20), "--tmpfs", "/tmp", "--remount-ro", "/", "--", "true"]
     try:
         result = subprocess.run(probe, capture_output=True, timeout=30, env=allowlisted_env("/"))
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -113,10 +125,13 @@ def resolve_mode(mode: str, what: str) -> str:
         _warned.add(what)
         warnings.warn(
             f"{what} runs agent code WITHOUT an OS sandbox ({reason}). Still in force: a scrubbed environment "
-            "(no API keys) and an audit hook refusing writes outside the work folder, processes, sockets and "
-            "reads of the home folder and of other processes' /proc entries. Not isolated: reads of any other "
-            "file this user can read (project files, /etc, other users' readable files), and native code that "
-            f"bypasses Python's audit hooks. For the OS boundary, {INSTALL_HINT}.",
+            "(no API keys), an audit hook, and on Linux where the kernel has them a seccomp filter (no process, "
+            "no signal to another process, no ptrace, no socket) and Landlock (reads only of the interpreter's "
+            "files, writes only in the work folder). Not isolated: the work folder's total size (only each "
+            "file's is capped), and where Landlock is missing the host's process list and reads of any file this "
+            "user can read outside the home folder (project files, /etc); native code gets around the audit hook. "
+            "For the OS "
+            f"boundary, {INSTALL_HINT}.",
             SandboxWarning,
             stacklevel=3,
         )
@@ -172,6 +187,9 @@ def code_paths(entries: Iterable[str]) -> list[str]:
     return kept
 
 
+_BOUNDARY = ("--unshare-all", "--unshare-user", "--die-with-parent", "--cap-drop", "ALL", "--disable-userns", "--clearenv")
+
+
 def _system_binds() -> list[str]:
     args: list[str] = []
     for path in SYSTEM_DIRS:
@@ -191,6 +209,8 @@ def bwrap_command(
     read_only: Iterable[str],
     env: Mapping[str, str],
     private_workdir: bool = False,
+    workdir_mb: int = PRIVATE_WORKDIR_MB,
+    hidden: Iterable[str] = (),
     symlinks: Mapping[str, str] | None = None,
 ) -> list[str]:
     """``argv`` wrapped in bubblewrap: see the module docstring for what it gets.
@@ -198,17 +218,37 @@ def bwrap_command(
     Paths are bound at their real location, so the caller passes real paths in ``argv``
     and configuration; ``workdir`` (the one writable folder) is also the working folder.
     It is the host folder of that name, or with ``private_workdir`` an empty in-memory
-    folder that exists only inside the sandbox (nothing is left on the host, even when the
-    sandbox is killed). ``symlinks`` (link -> target) are made inside it."""
+    folder of ``workdir_mb`` MiB that exists only inside the sandbox (nothing is left on
+    the host, even when the sandbox is killed; a write past the size fails with ENOSPC).
+    ``hidden`` folders and files inside the bound paths are emptied (a folder becomes an
+    empty read-only one; a file becomes /dev/null on a nodev mount, which cannot be
+    opened), and ``read_only`` paths inside a hidden folder are bound again on top.
+    ``symlinks`` (link -> target) are made inside it."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable(f"bubblewrap (`bwrap`) is not on PATH; {INSTALL_HINT}")
-    command = [bwrap, "--unshare-all", "--die-with-parent", "--clearenv", *_system_binds(),
-               "--proc", "/proc", "--dev", "/dev"]
-    for path in sorted({os.path.realpath(p) for p in read_only if os.path.exists(p)}, key=len):
+    command = [bwrap, *_BOUNDARY, *_system_binds(), "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
+    # the inner layers' module is in every sandbox: each process running agent code loads it
+    bound = sorted({os.path.realpath(p) for p in [*read_only, str(GUARD_MODULE)] if os.path.exists(p)}, key=len)
+    hide = sorted({os.path.realpath(p) for p in hidden if os.path.exists(p)}, key=len)
+    within = lambda path, roots: any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)  # noqa: E731
+    hide = [h for h in hide if within(h, bound)]
+    again = [p for p in bound if within(p, hide)]
+    for path in bound:
+        if path not in again:
+            command += ["--ro-bind", path, path]
+    for path in hide:
+        if os.path.isdir(path):
+            command += ["--perms", "0555", "--tmpfs", path]
+        else:
+            command += ["--ro-bind", "/dev/null", path]
+    for path in again:
         command += ["--ro-bind", path, path]
+    for path in hide:
+        if os.path.isdir(path):
+            command += ["--remount-ro", path]
     if private_workdir:
-        command += ["--tmpfs", workdir]
+        command += ["--size", str(workdir_mb * 1024 * 1024), "--tmpfs", workdir]
     else:
         workdir = os.path.realpath(workdir)
         command += ["--bind", workdir, workdir]
@@ -218,6 +258,30 @@ def bwrap_command(
     for name, value in env.items():
         command += ["--setenv", name, value]
     return [*command, "--", *argv]
+
+
+@functools.lru_cache(maxsize=8)
+def isolated_sys_path(python: str = sys.executable) -> tuple[str, ...]:
+    """The import path ``python -I`` starts with (its standard library, its virtual
+    environment and the folders that environment's .pth files add): what a sandboxed
+    interpreter imports from, asked of the interpreter itself once."""
+    probe = [python, "-I", "-c", "import json, sys; print(json.dumps(sys.path))"]
+    result = subprocess.run(probe, capture_output=True, text=True, timeout=60, env=allowlisted_env("/"))
+    if result.returncode != 0:
+        raise RuntimeError(f"{python} -I could not report its import path: {result.stderr.strip()[-500:]}")
+    return tuple(json.loads(result.stdout))
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL ``process``'s whole process group (it was started with
+    ``start_new_session=True``) and reap it. Under bubblewrap this ends its PID namespace,
+    so every process in the sandbox dies, whatever session it made for itself."""
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            process.kill()
+    process.wait()
 
 
 class _Spawner:
@@ -245,15 +309,29 @@ class _Spawner:
 spawn = _Spawner().popen
 
 
+class ProtocolError(ValueError):
+    """A line on a sandboxed process's channel that is not the protocol's: not JSON, not an
+    object, longer than the channel allows, or not a message expected now. The process
+    runs agent code, which can write on the channel, so this is hostile or broken input."""
+
+
 class JsonLines:
     """The transport of every sandboxed process: one JSON object per line over a pair of
     pipes. Pipes need no network, so the sandbox has none; a read waits at most until a
-    deadline, and EOF means the process is gone. The caller owns (and closes) both ends."""
+    deadline, and EOF means the process is gone. ``max_line`` (bytes) bounds what a line
+    may hold, so a flood without a newline costs no more memory than that. The caller owns
+    (and closes) both ends."""
 
-    def __init__(self, writer: BinaryIO, read_fd: int) -> None:
+    def __init__(self, writer: BinaryIO | None, read_fd: int, max_line: int | None = None) -> None:
         self._writer = writer
         self._read_fd = read_fd
-        self._pending = b""
+        self._max_line = max_line
+        self._pending = bytearray()
+        self._scanned = 0  # how much of _pending is known to hold no newline
+
+    def fileno(self) -> int:
+        """The read end, for ``select``."""
+        return self._read_fd
 
     def send(self, message: dict) -> None:
         """Raises BrokenPipeError (an OSError) when the process is gone."""
@@ -262,8 +340,12 @@ class JsonLines:
 
     def receive(self, deadline: float) -> dict:
         """The next message; TimeoutError past ``deadline`` (time.monotonic), EOFError when
-        the other end closed, ValueError on a line that is not JSON."""
-        while b"\n" not in self._pending:
+        the other end closed, ProtocolError on a line that is not a JSON object or is
+        longer than ``max_line``."""
+        while (end := self._pending.find(b"\n", self._scanned)) < 0:
+            self._scanned = len(self._pending)
+            if self._max_line is not None and len(self._pending) > self._max_line:
+                raise ProtocolError(f"a line longer than {self._max_line:,} bytes")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
@@ -274,5 +356,15 @@ class JsonLines:
             if not chunk:
                 raise EOFError
             self._pending += chunk
-        line, _, self._pending = self._pending.partition(b"\n")
-        return json.loads(line)
+        line = bytes(self._pending[:end])
+        del self._pending[:end + 1]
+        self._scanned = 0
+        if self._max_line is not None and len(line) > self._max_line:
+            raise ProtocolError(f"a line longer than {self._max_line:,} bytes")
+        try:
+            message = json.loads(line)
+        except (ValueError, RecursionError):
+            raise ProtocolError(f"a line that is not JSON: {line[:80]!r}") from None
+        if not isinstance(message, dict):
+            raise ProtocolError(f"a JSON line that is not an object: {line[:80]!r}")
+        return message

@@ -1,27 +1,35 @@
 """PythonTools: any set of plain Python functions as a code-step tool-use environment.
 
 The agent's code block runs in a separate interpreter (``sandbox_worker.py``) that keeps its
-variables across steps, has the tools and a ``submit(answer)`` function in scope, and runs
-under a wall-clock timeout, memory/CPU/file-size limits, no network, no subprocesses and no
-writes outside a per-episode temporary directory. ``sandbox`` chooses the OS boundary around
-it (``os_sandbox.py``): ``"bwrap"`` (bubblewrap), ``"guard"`` (audit hook and scrubbed
-environment only) or ``"auto"`` (bwrap when it can run). It is the template for plugging any
-other text tool-use environment into draco-gym, and the fast environment of the unit tests.
+variables across steps, under a wall-clock timeout, memory/CPU/file-size/work-folder limits,
+no network, no processes and no writes outside a per-episode work folder. The tools run
+outside it, in a tools' process (``tool_host.py``): in the interpreter each tool is a stub
+with its signature and docstring, and ``submit(answer)`` too, so the tools' code and the
+tasks' answers are out of agent code's reach; the environment serves every call, records
+it (``info["tool_calls"]``) and keeps the submitted answer. ``sandbox`` chooses the OS
+boundary around the interpreter (``os_sandbox.py``): ``"bwrap"`` (bubblewrap), ``"guard"``
+(the inner layers of ``sandbox_guard.py`` and a scrubbed environment only) or ``"auto"``
+(bwrap when it can run). It is the template for plugging any other text tool-use
+environment into draco-gym, and the fast environment of the unit tests.
 
     env = gym.make("draco_gym/PythonTools-v0")                 # the built-in shop tasks
     env = PythonToolsEnv(tools=[my_api.search, my_api.buy],    # your own tools and tasks
                          tasks=[{"id": "t1", "instruction": "...", "answer": 42}])
 
-Tools must be importable top-level functions (the worker imports them by name) or
+Tools must be importable top-level functions (the tools' process imports them by name) or
 ``"module:function"`` strings. A task is solved when the submitted answer equals its
 ``answer`` (numbers compared with a tolerance, text case- and space-insensitively).
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import inspect
 import json
 import os
+import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -29,33 +37,191 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from draco_gym.envs import os_sandbox
+from draco_gym.envs import os_sandbox, tool_host
 from draco_gym.envs.base import CodeStepEnv, Execution, WorldLost
+from draco_gym.envs.os_sandbox import ProtocolError
 from draco_gym.envs.state_keys import call_key, last_call
 from draco_gym.types import Task
 
 WORKER = os_sandbox.WORKER_SCRIPT
+TOOL_HOST = WORKER.with_name("tool_host.py")
+
+PROJECT_PACKAGES = ("draco_gym", "draco_gym.envs", "draco_gym.reward", "draco_gym.algos", "draco_gym.bench")
+"""draco-gym's own code (the shop and its answers, the reward), never readable by agent code."""
+
+MAX_CALL_CHARS = 1_000_000
+"""Longest argument text one tool call may send; a stub refuses more with a TypeError."""
+
+TASK_LIMIT = 64
+"""Threads the interpreter may run at once under bubblewrap (RLIMIT_NPROC, counted in its own
+user namespace; the kernel does not apply it to root). It starts no process in any mode."""
 
 
 class SandboxError(RuntimeError):
-    """The interpreter process could not start, died, or stopped answering."""
+    """The interpreter or the tools' process could not start, died, or stopped answering."""
+
+
+@dataclass
+class Block:
+    """What one code block did, as the parent saw it: the interpreter's output and error,
+    every tool call (``types.TOOL_CALLS``), and the answer it submitted, if any."""
+
+    output: str = ""
+    error: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    submitted: bool = False
+    answer: Any = None
+
+
+class ToolHost:
+    """The tools' processes (``tool_host.py``): a template that imports the user's tools
+    once, outside the sandbox, with this process's import path, folder and environment,
+    and per interpreter start a fresh fork of it (a copy) that answers that interpreter's
+    calls directly and reports each one here."""
+
+    def __init__(self, tools: Sequence[str], printed_limit: int, max_line: int) -> None:
+        self.tools = list(tools)
+        self.printed_limit = printed_limit
+        self.max_line = max_line
+        self._template: subprocess.Popen | None = None
+        self._control = None  # the template's Unix socket
+        self._pid: int | None = None  # the current copy
+        self.reports: os_sandbox.JsonLines | None = None  # the copy's reports
+        self._report_fd: int | None = None
+
+    def _start_template(self, deadline: float) -> None:
+        import socket
+
+        self.shutdown()
+        ours, theirs = socket.socketpair()
+        config = {"tools": self.tools, "sys_path": list(sys.path), "parent_pid": os.getpid(),
+                  "printed_limit": self.printed_limit, "max_line": self.max_line, "control_fd": theirs.fileno()}
+        try:
+            self._template = os_sandbox.spawn([sys.executable, str(TOOL_HOST.resolve()), json.dumps(config)],
+                                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                              stderr=subprocess.PIPE, pass_fds=(theirs.fileno(),),
+                                              start_new_session=True)
+        finally:
+            theirs.close()
+        self._control = ours
+        if self._control_line(deadline) != "ready":
+            raise SandboxError(f"the tools' process failed to start:\n{_tail(self._template)}")
+
+    def _control_line(self, deadline: float) -> str:
+        line = b""
+        while not line.endswith(b"\n"):
+            self._control.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                chunk = self._control.recv(64)
+            except (TimeoutError, OSError):
+                return ""
+            if not chunk:
+                return ""
+            line += chunk
+        return line.decode().strip()
+
+    def launch(self, deadline: float) -> tuple[int, int]:
+        """A fresh copy of the template (started first if needed); returns the two pipe
+        ends the interpreter talks to it on (to the copy, from the copy), which the
+        caller passes to the interpreter and then closes."""
+        import socket
+
+        self.close()
+        if self._template is None or self._template.poll() is not None:
+            self._start_template(deadline)
+        requests_r, requests_w = os.pipe()
+        replies_r, replies_w = os.pipe()
+        reports_r, reports_w = os.pipe()
+        try:
+            socket.send_fds(self._control, [b"fork"], [requests_r, replies_w, reports_w])
+            pid = self._control_line(deadline)
+        finally:
+            for fd in (requests_r, replies_w, reports_w):
+                os.close(fd)
+        if not pid.isdigit():
+            for fd in (requests_w, replies_r, reports_r):
+                os.close(fd)
+            raise SandboxError(f"the tools' process did not fork a copy:\n{_tail(self._template)}")
+        self._pid, self._report_fd = int(pid), reports_r
+        self.reports = os_sandbox.JsonLines(None, reports_r)
+        return requests_w, replies_r
+
+    def wait_ready(self, deadline: float) -> None:
+        try:
+            self.reports.receive(deadline)
+        except (EOFError, ProtocolError, TimeoutError):
+            raise SandboxError("the tools' process copy did not start") from None
+
+    def close(self) -> None:
+        """Kill the current copy and whatever it started."""
+        if self._pid is not None:
+            try:
+                os.killpg(self._pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):  # not yet its own group
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(self._pid, signal.SIGKILL)
+            self._pid = None
+        if self._report_fd is not None:
+            os.close(self._report_fd)
+        self._report_fd, self.reports = None, None
+
+    def shutdown(self) -> None:
+        """Also end the template."""
+        self.close()
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+        if self._template is not None:
+            _stop(self._template)
+            self._template = None
+
+
+def _tail(proc: subprocess.Popen | None) -> str:
+    """The end of a dead process's stderr (empty while it runs)."""
+    if proc is None or proc.stderr is None:
+        return ""
+    try:
+        if proc.poll() is None:
+            os_sandbox.kill_group(proc)
+        return proc.stderr.read().decode(errors="replace")[-2000:].strip()
+    except (OSError, ValueError):
+        return ""
+
+
+def _stop(proc: subprocess.Popen | None) -> None:
+    if proc is None:
+        return
+    os_sandbox.kill_group(proc)
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
 
 
 class SandboxedInterpreter:
-    """One interpreter process with a private temporary directory, inside the OS sandbox
-    when ``mode`` is ``"bwrap"`` (an already resolved mode: ``"bwrap"`` or ``"guard"``)."""
+    """One interpreter process with a private work folder, inside the OS sandbox when
+    ``mode`` is ``"bwrap"`` (an already resolved mode: ``"bwrap"`` or ``"guard"``), and its
+    tools' process outside it. ``run`` relays the block's tool calls between the two,
+    recording each, and keeps the answers ``submit`` sent.
+
+    What the interpreter may read: the system's library folders, the interpreter and the
+    import path it starts with, its own three scripts, and ``read_only`` (data for agent
+    code); never ``hidden``: draco-gym's packages and the tools' and tasks' modules, where
+    they lie inside those folders (a non-editable install puts them in site-packages)."""
 
     def __init__(
         self,
-        tools: Sequence[str],
+        tools: Sequence[dict[str, Any]],
         *,
         mode: str = "guard",
         read_only: Sequence[str] = (),
+        hidden_modules: Sequence[str] = (),
         memory_mb: int = 1024,
         cpu_s: int = 120,
         file_mb: int = 16,
+        workdir_mb: int = 128,
         output_limit: int = 100_000,
         start_timeout_s: float = 30.0,
     ) -> None:
@@ -63,109 +229,187 @@ class SandboxedInterpreter:
             raise ValueError(f"SandboxedInterpreter mode must be 'bwrap' or 'guard' (resolve 'auto' first), got {mode!r}")
         self.tools = list(tools)
         self.mode = mode
-        self.limits = {"memory_mb": memory_mb, "cpu_s": cpu_s, "file_mb": file_mb, "output_limit": output_limit}
+        self.limits = {"memory_mb": memory_mb, "cpu_s": cpu_s, "file_mb": file_mb, "output_limit": output_limit,
+                       "max_call_chars": MAX_CALL_CHARS, "tasks": TASK_LIMIT if mode == "bwrap" else None}
+        self.workdir_mb = workdir_mb
         self.start_timeout_s = start_timeout_s
-        self.sys_path = os_sandbox.code_paths(sys.path)
-        # What the interpreter may read: itself, the import path, the tools' packages, the
-        # worker, and what the caller adds (data files its tools open).
-        self.readable = sorted({*os_sandbox.interpreter_paths(sys.executable), *self.sys_path,
-                                *tool_locations(self.tools), str(WORKER.resolve()),
-                                *(os.path.realpath(p) for p in read_only)})
+        scripts = [str(p.resolve()) for p in (WORKER, os_sandbox.GUARD_MODULE, TOOL_HOST)]
+        self.readable = sorted({*os_sandbox.interpreter_paths(sys.executable),
+                                *os_sandbox.code_paths(os_sandbox.isolated_sys_path(sys.executable)),
+                                *scripts, *(os.path.realpath(p) for p in read_only)})
+        self.hidden = module_locations([*PROJECT_PACKAGES, *hidden_modules])
+        # a done line holds up to output_limit characters, a call MAX_CALL_CHARS, each at
+        # most 12 bytes once JSON-escaped; anything longer is a flood
+        self.max_line = 12 * max(output_limit, MAX_CALL_CHARS) + 4096
         self.workdir: str | None = None
+        self.layers: dict[str, str] = {}
+        self.tool_calls: list[dict[str, Any]] = []  # the current (or last) block's, as they happen
         self._proc: subprocess.Popen | None = None
         self._channel: os_sandbox.JsonLines | None = None
+        self._blocks_sent = 0  # per process: a done line names its block, so a stale or early one is caught
+        self._tool_host = ToolHost([tool["spec"] for tool in self.tools], output_limit, self.max_line)
 
     def start(self) -> None:
         self.close()
-        self.workdir = os.path.realpath(tempfile.mkdtemp(prefix="draco_pythontools_"))
-        config = {**self.limits, "tools": self.tools, "workdir": self.workdir, "sys_path": self.sys_path,
-                  "private": os_sandbox.private_folders(), "readable": self.readable}
+        if self.mode == "bwrap":  # an in-memory folder of the sandbox, of a fixed size
+            self.workdir = os.path.join(os.path.realpath(tempfile.gettempdir()),
+                                        f"draco_pythontools_{secrets.token_hex(6)}")
+        else:
+            self.workdir = os.path.realpath(tempfile.mkdtemp(prefix="draco_pythontools_"))
+        config = {**self.limits, "tools": [{k: v for k, v in t.items() if k != "spec"} for t in self.tools],
+                  "workdir": self.workdir, "readable": self.readable, "hidden": self.hidden,
+                  "system": [*os_sandbox.SYSTEM_DIRS, *os_sandbox.SYSTEM_FILES],
+                  "private": [*os_sandbox.private_folders(), *self.hidden]}
         argv = [sys.executable, "-I", "-B", str(WORKER.resolve()), json.dumps(config)]
         env = os_sandbox.allowlisted_env(self.workdir)  # never the parent's: it holds API keys
         if self.mode == "bwrap":
-            argv = os_sandbox.bwrap_command(argv, workdir=self.workdir, read_only=self.readable, env=env)
+            argv = os_sandbox.bwrap_command(argv, workdir=self.workdir, read_only=self.readable, env=env,
+                                            private_workdir=True, workdir_mb=self.workdir_mb, hidden=self.hidden)
         popen = os_sandbox.spawn if self.mode == "bwrap" else subprocess.Popen
-        self._proc = popen(
-            argv,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=self.workdir,
-            start_new_session=True,  # its own process group, so close() kills anything it left
-        )
-        self._channel = os_sandbox.JsonLines(self._proc.stdin, self._proc.stdout.fileno())
+        deadline = time.monotonic() + self.start_timeout_s
         try:
-            self._read(time.monotonic() + self.start_timeout_s)
-        except SandboxError as exc:
-            stderr = self._stderr()
+            tool_fds = self._tool_host.launch(deadline)
+        except SandboxError:
             self.close()
-            raise SandboxError(f"the PythonTools interpreter failed to start: {exc}\n{stderr}".rstrip()) from None
+            raise
+        config["tool_fds"] = list(tool_fds)
+        argv[-1] = json.dumps(config)  # the worker's argument, last (after bwrap's "--")
+        try:
+            self._proc = popen(
+                argv,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=tool_fds,
+                cwd="/" if self.mode == "bwrap" else self.workdir,
+                start_new_session=True,  # its own process group, so close() kills anything it left
+            )
+        finally:
+            for fd in tool_fds:
+                os.close(fd)
+        self._channel = os_sandbox.JsonLines(self._proc.stdin, self._proc.stdout.fileno(), max_line=self.max_line)
+        self._blocks_sent = 0
+        try:
+            ready = self._channel.receive(deadline)
+            self.layers = dict(ready.get("layers", {}))
+            self._tool_host.wait_ready(deadline)
+        except (EOFError, TimeoutError, ProtocolError) as exc:
+            stderr = _tail(self._proc)
+            self.close()
+            reason = "it did not start in time" if isinstance(exc, TimeoutError) else "it exited"
+            raise SandboxError(f"the PythonTools interpreter failed to start ({reason})\n{stderr}".rstrip()) from None
+        except SandboxError:
+            self.close()
+            raise
 
-    def run(self, code: str, timeout_s: float) -> dict[str, Any]:
-        """Run one block; raises TimeoutError (process killed) or SandboxError (it died)."""
+    def run(self, code: str, timeout_s: float) -> Block:
+        """Run one block; the tools' process serves its calls and reports them here.
+        Raises TimeoutError (both processes killed), SandboxError (one died) or
+        ProtocolError (something on a channel the protocol does not allow: the processes
+        are killed, the block's submission is not kept)."""
         if self._proc is None:
             raise SandboxError("the interpreter is not running")
         if self._proc.poll() is not None:
             raise SandboxError(self._death())
+        block = Block()
+        self.tool_calls = block.tool_calls
+        self._blocks_sent += 1
         try:
-            self._channel.send({"code": code})
+            self._channel.send({"code": code, "block": self._blocks_sent})
         except OSError as exc:
             raise SandboxError(f"the interpreter stopped accepting code ({exc})") from None
+        deadline = time.monotonic() + timeout_s
+        worker_fd, report_fd = self._proc.stdout.fileno(), self._tool_host.reports.fileno()
         try:
-            return self._read(time.monotonic() + timeout_s)
-        except TimeoutError:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                ready, _, _ = select.select([worker_fd, report_fd], [], [], remaining)
+                if report_fd in ready:
+                    self._take_reports(block, deadline)
+                if worker_fd in ready:
+                    try:
+                        message = self._channel.receive(deadline)
+                    except EOFError:
+                        self._take_reports(block, time.monotonic(), quiet_end=True)  # a violation explains it
+                        raise SandboxError(self._death()) from None
+                    if set(message) != {"done", "block", "output", "error"} or message["done"] is not True \
+                            or message["block"] != self._blocks_sent or not isinstance(message["output"], str) \
+                            or not isinstance(message["error"], (str, type(None))):
+                        raise ProtocolError(f"an unexpected message {json.dumps(message)[:120]}")
+                    self._take_reports(block, time.monotonic())  # written before the block's last reply
+                    block.output, block.error = message["output"], message["error"]
+                    return block
+        except (TimeoutError, ProtocolError, SandboxError):
             self.close()
             raise
+        except OSError as exc:
+            self.close()
+            raise SandboxError(f"the interpreter stopped reading ({exc})") from None
 
-    def _read(self, deadline: float) -> dict[str, Any]:
-        try:
-            return self._channel.receive(deadline)
-        except EOFError:
-            raise SandboxError(self._death()) from None
+    def _take_reports(self, block: Block, deadline: float, quiet_end: bool = False) -> None:
+        """The reports the tools' copy has written, into ``block``: waiting until
+        ``deadline`` for the first, then only those already in the pipe. The copy's end
+        is a SandboxError unless ``quiet_end`` (the interpreter ended first)."""
+        while True:
+            try:
+                report = self._tool_host.reports.receive(deadline)
+            except TimeoutError:
+                return
+            except EOFError:
+                if quiet_end:
+                    return
+                raise SandboxError("the tools' process died") from None
+            if "violation" in report:
+                raise ProtocolError(str(report["violation"]))
+            if "submit" in report:
+                block.answer, block.submitted = ast.literal_eval(report["submit"]), True
+                block.tool_calls.append({"name": "submit", "ok": True})
+            else:
+                block.tool_calls.append({"name": report["call"], "ok": report["ok"],
+                                         **({"error": report["error"]} if "error" in report else {})})
+            deadline = time.monotonic()
 
     def _death(self) -> str:
-        """One message for a dead interpreter, whether its exit was seen before or after sending."""
+        """One message for a dead interpreter, whether its exit was seen before or after
+        sending; a process that closed the channel but lives on is killed first."""
+        if self._proc.poll() is None:
+            try:
+                self._proc.wait(1.0)
+            except subprocess.TimeoutExpired:
+                os_sandbox.kill_group(self._proc)
+                return "the interpreter closed its channel"
         code = self._proc.wait()
         reason = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         return f"the interpreter died ({reason})"
 
-    def _stderr(self) -> str:
-        if self._proc is None or self._proc.stderr is None:
-            return ""
-        try:
-            if self._proc.poll() is None:
-                return ""
-            return self._proc.stderr.read().decode(errors="replace")[-2000:]
-        except (OSError, ValueError):
-            return ""
-
     def close(self) -> None:
-        if self._proc is not None:
-            if self._proc.poll() is None:
-                try:
-                    os.killpg(self._proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    self._proc.kill()
-            self._proc.wait()
-            for stream in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
-                if stream is not None:
-                    stream.close()
-            self._proc, self._channel = None, None
+        """Kill both processes (and, under bubblewrap, everything in the sandbox) and
+        remove the work folder."""
+        _stop(self._proc)
+        self._proc, self._channel = None, None
+        self._tool_host.close()
         if self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            if self.mode == "guard":
+                shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
 
+    def shutdown(self) -> None:
+        """``close``, and end the tools' template process too (the environment is done)."""
+        self.close()
+        self._tool_host.shutdown()
 
-def tool_locations(specs: Sequence[str]) -> list[str]:
-    """The folders of every package on the tools' module paths (``a``, ``a.b`` for
-    ``a.b.c:f``) and the tool modules' files: what importing them reads beyond sys.path
-    (editable installs map packages to folders that are on no import path)."""
+
+def module_locations(modules: Sequence[str]) -> list[str]:
+    """The folders of every package on the modules' paths (``a``, ``a.b`` for ``a.b.c``)
+    and the modules' files with their compiled copies: what would reveal their code."""
     import importlib.util
 
     found: set[str] = set()
-    for spec in specs:
-        parts = spec.partition(":")[0].split(".")
+    for name in modules:
+        parts = name.split(".")
         for i in range(1, len(parts) + 1):
             try:
                 module_spec = importlib.util.find_spec(".".join(parts[:i]))
@@ -174,8 +418,12 @@ def tool_locations(specs: Sequence[str]) -> list[str]:
             if module_spec is None:
                 continue
             found.update(os.path.realpath(p) for p in module_spec.submodule_search_locations or ())
-            if module_spec.origin and os.path.exists(module_spec.origin):
-                found.add(os.path.realpath(module_spec.origin))
+            origin = module_spec.origin
+            if origin and os.path.exists(origin):
+                found.add(os.path.realpath(origin))
+                cached = module_spec.cached
+                if cached and os.path.exists(cached):
+                    found.add(os.path.realpath(cached))
     return sorted(found)
 
 
@@ -207,17 +455,35 @@ def _import_function(spec: str, what: str) -> Callable:
         raise ValueError(f"{what} {spec!r}: {exc}") from None
 
 
+def _resolve(tool: Callable | str) -> Callable:
+    if not isinstance(tool, str):
+        return tool
+    import importlib
+
+    module_name, _, qualname = tool.partition(":")
+    tool = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        tool = getattr(tool, part)
+    return tool
+
+
 def describe_tool(tool: Callable | str) -> str:
     """One tool's signature and docstring, as the agent sees it."""
-    if isinstance(tool, str):
-        import importlib
-
-        module_name, _, qualname = tool.partition(":")
-        tool = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            tool = getattr(tool, part)
+    tool = _resolve(tool)
     doc = inspect.getdoc(tool) or ""
     return f"{tool.__name__}{inspect.signature(tool)}\n" + "\n".join(f"    {line}" for line in doc.splitlines())
+
+
+def stub_description(tool: Callable | str) -> dict[str, Any]:
+    """What the interpreter needs to build a tool's stub: its spec (for the tools' process),
+    name, docstring and signature as text (parameters: name, kind, default, annotation)."""
+    spec, function = tool_spec(tool), _resolve(tool)
+    signature = inspect.signature(function)
+    shown = lambda value: None if value is inspect.Parameter.empty else inspect.formatannotation(value)  # noqa: E731
+    parameters = [[p.name, int(p.kind), None if p.default is p.empty else repr(p.default), shown(p.annotation)]
+                  for p in signature.parameters.values()]
+    return {"spec": spec, "name": spec.rpartition(":")[2].rpartition(".")[2], "doc": inspect.getdoc(function),
+            "parameters": parameters, "returns": shown(signature.return_annotation)}
 
 
 def answers_match(submitted: Any, expected: Any) -> bool:
@@ -269,6 +535,11 @@ class PythonToolsEnv(CodeStepEnv):
     interpreter is reported failed; the interpreter is restarted and the episode's earlier
     blocks re-run, so the agent's variables survive.
 
+    ## Tool calls
+    ``info["tool_calls"]`` (``draco_gym.types.TOOL_CALLS``) of a step that ran code lists
+    its calls in order as the environment served them, ``{"name", "ok"}`` plus ``"error"``
+    (the exception's type) when the tool raised; ``submit`` included.
+
     ## Rewards
     Always 0: rewards come from the rubric layer. ``info["metrics"]`` at the end holds
     ``submitted``, ``answer`` and, when the task has an ``answer``, ``success`` (numbers
@@ -277,8 +548,9 @@ class PythonToolsEnv(CodeStepEnv):
     ## Episode end
     Terminated: ``no_code`` (a message without code, under ``end_rule="no_code"``),
     ``submitted`` (``submit`` called, under ``end_rule="task_completed"``), ``env_error``
-    (the interpreter could not be restarted and replayed). Truncated: ``max_turns``
-    messages. ``info["trajectory"]`` holds the episode at its end.
+    (the interpreter could not be restarted and replayed, or wrote on its channel what
+    the protocol does not allow). Truncated: ``max_turns`` messages.
+    ``info["trajectory"]`` holds the episode at its end.
 
     ## State key
     ``info["state_key"]`` (``draco_gym.types.STATE_KEY``) names the state the step was
@@ -300,21 +572,26 @@ class PythonToolsEnv(CodeStepEnv):
     (``reference_messages``); ``options={"task_id": ...}``
     at reset picks one, else the reset seed draws one.
     ``step_timeout_s`` (10) bounds one block's wall-clock time; ``memory_mb`` (1024),
-    ``cpu_s`` (120), ``file_mb`` (16) are the interpreter's resource limits and
-    ``output_limit`` (100,000 characters) caps what one block prints.
+    ``cpu_s`` (120), ``file_mb`` (16) are the interpreter's resource limits, ``workdir_mb``
+    (128) the size of its in-memory work folder under bubblewrap (under the guard the
+    folder is on disk and only each file is capped), and ``output_limit`` (100,000
+    characters) caps what one block prints.
     ``sandbox`` (``"auto"``, ``"bwrap"``, ``"guard"``; see ``draco_gym.envs.os_sandbox``) is
     the OS boundary around the interpreter, resolved here: ``"bwrap"`` raises
     ``SandboxUnavailable`` when bubblewrap cannot run, ``"guard"`` (chosen, or ``"auto"``
     falling back to it) warns once; ``env.sandbox`` says which was chosen.
-    ``read_only_paths`` adds files or folders the tools read (their data) to what the
-    sandboxed interpreter can see.
+    ``read_only_paths`` adds files or folders agent code itself may read (the tools run
+    outside the sandbox and read what they need).
     ``end_rule``, ``max_turns``, ``max_observation_chars``, ``multi_block``, ``languages``,
     ``render_mode`` ("ansi") as in ``CodeStepEnv``.
 
     ## Version history
     - v0: the initial version; since this release each step's info carries ``state_key``
       and the shop's tasks declare ``operators`` (additions only: episodes, observations
-      and metrics are unchanged).
+      and metrics are unchanged). Tools run outside the sandbox behind stubs: their
+      arguments and results are plain data, their tracebacks stay on the tools' side, each
+      step's info carries ``tool_calls``, and a channel line that is not the protocol's
+      ends the episode (``env_error``).
     """
 
     can_restore = True
@@ -329,6 +606,7 @@ class PythonToolsEnv(CodeStepEnv):
         memory_mb: int = 1024,
         cpu_s: int = 120,
         file_mb: int = 16,
+        workdir_mb: int = 128,
         output_limit: int = 100_000,
         sandbox: os_sandbox.SandboxMode = "auto",
         read_only_paths: Sequence[str | os.PathLike] = (),
@@ -336,7 +614,9 @@ class PythonToolsEnv(CodeStepEnv):
     ) -> None:
         super().__init__(**kwargs)
         os_sandbox.check_mode(sandbox)
+        tasks_module: list[str] = []
         if isinstance(tasks, str):
+            tasks_module = [tasks.partition(":")[0]]
             tasks = _import_function(tasks, "tasks")()
         if tools is None:
             from draco_gym.envs import shop
@@ -348,20 +628,30 @@ class PythonToolsEnv(CodeStepEnv):
         if step_timeout_s <= 0:
             raise ValueError(f"step_timeout_s must be > 0, got {step_timeout_s}")
         self.step_timeout_s = step_timeout_s
-        self._tool_specs = [tool_spec(t) for t in tools]
+        stubs = [stub_description(t) for t in tools]
         self._tool_docs = "\n\n".join(describe_tool(t) for t in tools)
         self._tasks = {t.id: t for t in (self._as_task(x) for x in tasks)}
         self.sandbox = os_sandbox.resolve_mode(sandbox, "PythonTools")
+        tool_modules = [stub["spec"].partition(":")[0] for stub in stubs]
         self._interpreter = SandboxedInterpreter(
-            self._tool_specs, mode=self.sandbox, read_only=[str(p) for p in read_only_paths],
-            memory_mb=memory_mb, cpu_s=cpu_s, file_mb=file_mb, output_limit=output_limit)
+            stubs, mode=self.sandbox, read_only=[str(p) for p in read_only_paths],
+            hidden_modules=[*tool_modules, *tasks_module], memory_mb=memory_mb, cpu_s=cpu_s, file_mb=file_mb,
+            workdir_mb=workdir_mb, output_limit=output_limit)
         self._answer: Any = None
         self._submitted = False
-        self._tool_names = {spec.rpartition(":")[2].rpartition(".")[2] for spec in self._tool_specs}
+        self._lost_calls: list[dict[str, Any]] = []
+        self._tool_names = {stub["name"] for stub in stubs}
 
     @property
     def task_ids(self) -> list[str]:
         return list(self._tasks)
+
+    @property
+    def sandbox_layers(self) -> dict[str, str]:
+        """The kernel layers the interpreter confined itself with, as it reported before
+        running agent code: ``{"landlock": "on (ABI 7)", "seccomp": "on"}``, or why each is
+        off (empty before the first reset)."""
+        return dict(self._interpreter.layers)
 
     @staticmethod
     def _as_task(item: Task | dict) -> Task:
@@ -409,27 +699,42 @@ class PythonToolsEnv(CodeStepEnv):
         called = last_call(code, self._tool_names.__contains__)
         return None if called is None else call_key(*called)
 
+    def _execute(self, code: str) -> Execution:
+        try:
+            return super()._execute(code)
+        except ProtocolError as exc:
+            return Execution(output=f"Environment error: the interpreter's channel carried {exc}, which no tool "
+                                    "call writes. The episode ends.", error="ProtocolError", fatal=True,
+                             tool_calls=list(self._interpreter.tool_calls))
+
     def _run(self, code: str) -> Execution:
         try:
-            reply = self._interpreter.run(code, self.step_timeout_s)
+            block = self._interpreter.run(code, self.step_timeout_s)
         except TimeoutError:
+            self._lost_calls = list(self._interpreter.tool_calls)
             raise WorldLost(f"TimeoutError: the code ran longer than {self.step_timeout_s:g} s and was stopped.",
                             "TimeoutError") from None
         except SandboxError as exc:
+            self._lost_calls = list(self._interpreter.tool_calls)
             raise WorldLost(f"Error: {exc}.", "SandboxError") from None
-        if reply["submitted"]:
-            self._answer, self._submitted = reply.get("answer"), True
-        return Execution(output=reply["output"], error=reply["error"], submitted=reply["submitted"])
+        if block.submitted:
+            self._answer, self._submitted = block.answer, True
+        return Execution(output=block.output, error=block.error, submitted=block.submitted,
+                         tool_calls=block.tool_calls)
 
     def _restart(self) -> None:
         self._interpreter.start()
+        self._answer, self._submitted = None, False  # the replay submits again what it submitted
 
     def _lost_block(self, lost: WorldLost, failure: str | None) -> Execution:
+        """The lost block's tool calls did happen (the tools' process served them); its
+        submission, if any, is not kept, and the replay brought back the earlier ones."""
         if failure is not None:
             return Execution(output=f"{lost}\nThe session could not be restored ({failure}).", error=lost.error,
-                             fatal=True)
+                             fatal=True, tool_calls=self._lost_calls)
         restored = " Earlier steps were re-run, so their variables are back." if self._executed else ""
-        return Execution(output=f"{lost} The Python session was restarted.{restored}", error=lost.error)
+        return Execution(output=f"{lost} The Python session was restarted.{restored}", error=lost.error,
+                         tool_calls=self._lost_calls)
 
     def _evaluate(self) -> dict[str, Any]:
         expected = self.task.metadata.get("answer")
@@ -439,11 +744,11 @@ class PythonToolsEnv(CodeStepEnv):
         return metrics
 
     def close(self) -> None:
-        self._interpreter.close()
+        self._interpreter.shutdown()
         super().close()
 
     def __del__(self) -> None:
         try:
-            self._interpreter.close()
+            self._interpreter.shutdown()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass

@@ -2,37 +2,61 @@
 by the parent).
 
 It keeps one namespace alive across code blocks, like a notebook, so variables persist from
-step to step. The parent starts it inside the OS sandbox (``os_sandbox.py``: bubblewrap,
-no network, read-only code, only its work folder writable, an allowlisted environment) when
-it can; whatever the sandbox, before any agent code runs it confines itself too:
+step to step. The tools are not here: each name in the namespace is a stub with the tool's
+signature and docstring that sends the call to the tools' process outside the sandbox
+(``tool_host.py``, which holds the wire format) and returns the tool's result or raises
+its exception; ``submit`` is a stub too. The tools' process reports every call and answer
+to the environment on a pipe this process never holds. So neither the tools' code nor the
+tasks' answers are importable or readable from here, and nothing written here decides the
+outcome: the environment counts the submissions reported to it and compares them with
+answers this process never saw.
 
-  - resource limits: address space (memory), CPU seconds, size of any file written;
-  - an audit hook (PEP 578) that refuses process creation, signals, sockets, ctypes, any
-    file write or deletion outside the episode's temporary directory, and reads of private
-    places (the parent's home folder, other processes' /proc entries) outside the code
-    folders it was given;
-  - stdout/stderr of agent code go to a capped buffer, not to the protocol pipe.
+The parent starts it inside the OS sandbox (``os_sandbox.py``) when it can; whatever the
+sandbox, before any agent code runs it confines itself (``sandbox_guard.py``): resource
+limits, Landlock and seccomp where the kernel has them, and the audit hook. Agent code's
+stdout and stderr go to a capped buffer, not to the channel.
 
-Requests and replies are JSON lines on a private pipe (the original stdout fd, duplicated
-before fd 1 is pointed at /dev/null). Wall-clock timeouts are the parent's job: it kills
-this process and starts a new one.
+Messages are JSON lines. With the environment, on stdin and a private pipe (the original
+stdout fd, duplicated before fd 1 is pointed at /dev/null):
 
-The hook alone is a guard, not a boundary (native code can get around it); the boundary is
-the OS sandbox around this process. AppWorld's engine server loads ``PrivateReads`` from
-this file too, so both environments refuse the same reads.
+    parent -> here   {"code": src, "block": n}           run block n (numbered per process)
+    here -> parent   {"done": true, "block": n, "output": text, "error": name or null}
+
+With the tools' process, on two inherited pipe ends (``tool_fds``):
+
+    here -> tools    {"call": name, "json" or "args": text}   a stub was called; then waits for
+    tools -> here    {"value": packed, "printed": text} or {"raised": {...}, "printed": text}
+
+Wall-clock timeouts are the parent's job: it kills this process and starts a new one.
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
-import importlib
+import inspect
 import io
 import json
 import os
-import resource
 import sys
+import threading
 import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"draco_{name}", os.path.join(HERE, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+guard = _load("sandbox_guard")
+wire = None  # tool_host.py, the wire format, loaded by main()
+PrivateReads = guard.PrivateReads  # AppWorld's engine server loads the read rule from this file
 
 
 class CappedBuffer(io.TextIOBase):
@@ -60,127 +84,77 @@ class CappedBuffer(io.TextIOBase):
         return out
 
 
-class Submission:
-    """The built-in ``submit(answer)`` tool: records the agent's final answer."""
+class Channel:
+    """The stubs' line to the tools' process: one call at a time, whatever thread makes it."""
 
-    def __init__(self) -> None:
-        self.answer = None
-        self.done = False
+    def __init__(self, reader, writer, max_call_chars: int) -> None:
+        self.reader, self.writer = reader, writer
+        self.max_call_chars = max_call_chars
+        self.lock = threading.Lock()
 
-    def __call__(self, answer=None):
-        self.answer, self.done = answer, True
-        return "Answer submitted."
-
-
-_BLOCKED_EVENTS = {
-    "os.system": "running shell commands",
-    "os.exec": "starting programs",
-    "os.posix_spawn": "starting programs",
-    "os.spawn": "starting programs",
-    "os.fork": "forking",
-    "os.forkpty": "forking",
-    "subprocess.Popen": "starting programs",
-    "os.kill": "sending signals",
-    "os.killpg": "sending signals",
-    "socket.__new__": "network access",
-    "socket.connect": "network access",
-    "socket.bind": "network access",
-    "socket.getaddrinfo": "network access",
-    "ctypes.dlopen": "loading native code",
-    "ctypes.dlsym": "loading native code",
-    "ctypes.cdata": "raw memory access",
-    "os.chdir": "changing directory",
-    "sys.addaudithook": "changing the sandbox",
-}
-_PATH_EVENTS = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate",
-                "os.symlink", "os.link", "os.utime", "shutil.rmtree", "shutil.move", "shutil.copyfile"}
+    def call(self, name: str, form: str, args: str):
+        if len(args) > self.max_call_chars:
+            raise TypeError(f"{name}() was given {len(args):,} characters of arguments; at most "
+                            f"{self.max_call_chars:,} cross to the tool")
+        with self.lock:
+            self.writer.write(json.dumps({"call": name, form: args}) + "\n")
+            line = self.reader.readline()
+        if not line:
+            os._exit(0)  # the tools' process is gone: the environment is ending this one
+        reply = json.loads(line)
+        if reply.get("printed"):
+            sys.stdout.write(reply["printed"])
+        if "raised" in reply:
+            raise wire.rebuild_exception(reply["raised"])
+        return wire.unpack(reply["value"])
 
 
-def _depth(path: str, roots: list[str]) -> int:
-    """Length of the deepest of ``roots`` holding ``path``; -1 when none does."""
-    return max((len(root) for root in roots if path == root or path.startswith(root.rstrip("/") + "/")), default=-1)
+class _Shown:
+    """A default value or annotation shown as the tool's source wrote it."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
 
 
-class PrivateReads:
-    """Which reads the audit hook refuses: anything under a ``private`` folder (the parent's
-    home; for the engine also the task files) unless a deeper ``readable`` one holds it
-    (code and data bound for this process), and another process's /proc entries (its
-    environment, memory, command line). The deepest matching folder decides, so a private
-    folder inside a readable one stays private. Paths are resolved first, so a symlink in
-    the work folder does not get around it."""
+def _signature(spec: dict) -> inspect.Signature:
+    parameters = [
+        inspect.Parameter(name, inspect._ParameterKind(kind),
+                          default=inspect.Parameter.empty if default is None else _Shown(default),
+                          annotation=inspect.Parameter.empty if annotation is None else _Shown(annotation))
+        for name, kind, default, annotation in spec["parameters"]
+    ]
+    returns = spec.get("returns")
+    return inspect.Signature(parameters, return_annotation=inspect.Signature.empty if returns is None else _Shown(returns))
 
-    def __init__(self, private: list[str], readable: list[str]) -> None:
-        self.private = [os.path.realpath(p) for p in private]
-        self.readable = [os.path.realpath(p) for p in readable]
-        self.own_pid = str(os.getpid())
 
-    def refused(self, path) -> bool:
-        if path is None or isinstance(path, int):
-            return False  # the work folder, or a descriptor checked when it was opened
+def tool_stub(channel: Channel, spec: dict):
+    """A function that looks like the tool (name, signature, docstring) and calls it."""
+    name = spec["name"]
+
+    def stub(*args, **kwargs):
+        return channel.call(name, *wire.encode_call(args, kwargs))
+
+    stub.__name__ = stub.__qualname__ = name
+    stub.__module__ = "tools"
+    stub.__doc__ = spec["doc"]
+    stub.__signature__ = _signature(spec)
+    return stub
+
+
+def submit_stub(channel: Channel):
+    def submit(answer=None):
+        """Submit your final answer to the task."""
         try:
-            real = os.path.realpath(os.fsdecode(path))
-        except (TypeError, ValueError):
-            return True
-        if real.startswith("/proc/"):
-            entry = real.split("/")[2]
-            if entry.isdigit() and entry != self.own_pid:
-                return True
-        private = _depth(real, self.private)
-        return private >= 0 and private > _depth(real, self.readable)
+            text = wire.literal(answer)
+        except TypeError:
+            text = wire.literal(str(answer))
+        return channel.call("submit", "args", text)
 
-
-_READ_EVENTS = {"open", "os.listdir", "os.scandir"}
-
-
-def install_guard(workdir: str, reads: PrivateReads | None = None) -> None:
-    root = os.path.realpath(workdir)
-
-    def inside(path) -> bool:
-        if isinstance(path, int):
-            return True  # an already-open descriptor was checked when it was opened
-        try:
-            real = os.path.realpath(os.fsdecode(path))
-        except (TypeError, ValueError):
-            return False
-        return real == root or real.startswith(root + os.sep)
-
-    def hook(event: str, args: tuple) -> None:
-        if event in _BLOCKED_EVENTS:
-            raise PermissionError(f"sandbox: {_BLOCKED_EVENTS[event]} is not allowed ({event})")
-        if event in _READ_EVENTS and reads is not None and args and reads.refused(args[0]):
-            raise PermissionError(f"sandbox: reading {args[0]!r} is not allowed")
-        if event == "open":
-            path, mode, flags = args
-            writing = (mode is not None and any(c in str(mode) for c in "wax+")) or (
-                flags is not None and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
-            )
-            if writing and path is not None and not inside(path):
-                raise PermissionError(f"sandbox: writing outside the working directory is not allowed ({path})")
-        elif event in _PATH_EVENTS:
-            for path in args[:2]:
-                if isinstance(path, (str, bytes, os.PathLike)) and not inside(path):
-                    raise PermissionError(f"sandbox: changing files outside the working directory is not allowed ({path})")
-
-    sys.addaudithook(hook)
-
-
-def set_limits(memory_mb: int, cpu_s: int, file_mb: int) -> None:
-    mem = memory_mb * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 5))
-    fsize = file_mb * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-
-
-def load_tools(specs: list[str]) -> dict:
-    tools = {}
-    for spec in specs:
-        module_name, _, qualname = spec.partition(":")
-        obj = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-        tools[qualname.rsplit(".", 1)[-1]] = obj
-    return tools
+    submit.__module__ = "tools"
+    return submit
 
 
 def run_code(code: str, namespace: dict, output_limit: int) -> tuple[str, str | None]:
@@ -196,40 +170,45 @@ def run_code(code: str, namespace: dict, output_limit: int) -> tuple[str, str | 
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt included
             error = type(exc).__name__
             tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
-            # Drop this file's frames: the agent only needs its own code's traceback.
-            lines = [tb[0]] + [t for t in tb[1:] if __file__ not in t]
+            # Drop this process's own frames: the agent only needs its code's traceback.
+            lines = [tb[0]] + [t for t in tb[1:] if not any(f'File "{own}"' in t for own in OWN_FILES)]
             buffer.write("".join(lines))
     return buffer.value(), error
 
 
-def main() -> None:
-    config = json.loads(sys.argv[1])
-    sys.path[:0] = config["sys_path"]
-    os.chdir(config["workdir"])
-    submission = Submission()
-    namespace = {"__name__": "__agent__", "__builtins__": builtins, "submit": submission}
-    namespace.update(load_tools(config["tools"]))  # a failure here reaches the parent on stderr
+OWN_FILES: tuple[str, ...] = ()
 
+
+def main() -> None:
+    global wire, OWN_FILES
+    wire = _load("tool_host")
+    OWN_FILES = (os.path.abspath(__file__), guard.__file__, wire.__file__)
+    config = json.loads(sys.argv[1])
+    os.chdir(config["workdir"])
     # From here on agent code owns fds 1 and 2; the protocol keeps a private copy of stdout.
     proto_out = os.fdopen(os.dup(1), "w", buffering=1)
     proto_in = sys.stdin
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
-    set_limits(config["memory_mb"], config["cpu_s"], config["file_mb"])
-    install_guard(config["workdir"], PrivateReads(config["private"], config["readable"]))
-    proto_out.write(json.dumps({"ready": True}) + "\n")
+    to_tools, from_tools = config["tool_fds"]
+    channel = Channel(os.fdopen(from_tools, "r"), os.fdopen(to_tools, "w", buffering=1), config["max_call_chars"])
+    namespace = {"__name__": "__agent__", "__builtins__": builtins, "submit": submit_stub(channel)}
+    namespace.update({spec["name"]: tool_stub(channel, spec) for spec in config["tools"]})
+
+    guard.set_limits(config["memory_mb"], config["cpu_s"], config["file_mb"], config["tasks"])
+    # Landlock's reads: what bubblewrap binds (the system's libraries too, for extension modules)
+    layers = guard.confine(workdir=config["workdir"], readable=[*config["system"], *config["readable"]],
+                           hidden=config["hidden"])
+    kernel_checks_paths = layers["landlock"].startswith("on") or layers["seccomp"] == "on"
+    guard.AuditGuard(config["workdir"], guard.PrivateReads(config["private"], config["readable"]),
+                     allow=("os.putenv", "os.unsetenv"), strict_os_open=not kernel_checks_paths).install()
+    proto_out.write(json.dumps({"ready": True, "layers": layers}) + "\n")
 
     for line in proto_in:
         request = json.loads(line)
         output, error = run_code(request["code"], namespace, config["output_limit"])
-        reply = {"output": output, "error": error, "submitted": submission.done}
-        try:
-            json.dumps(submission.answer)
-            reply["answer"] = submission.answer
-        except (TypeError, ValueError):
-            reply["answer"] = repr(submission.answer)
-        proto_out.write(json.dumps(reply) + "\n")
+        proto_out.write(json.dumps({"done": True, "block": request["block"], "output": output, "error": error}) + "\n")
 
 
 if __name__ == "__main__":

@@ -234,3 +234,189 @@ def test_state_key_names_the_last_tool_call_before_each_step(env):
     assert [s.info[STATE_KEY] for s in env.trajectory().steps] == keys
     env.reset()
     assert env.step(code("print(1)"))[4][STATE_KEY] == "start"
+
+
+# -- tools outside the sandbox: stubs, the parent's record, fresh state per interpreter ----
+
+class OutOfStock(LookupError):
+    """A tool's own exception type."""
+
+
+_calls_made = []  # module state of the tools' process
+
+
+def stock(item: str, *, warehouse: str = "main") -> dict:
+    """How many of ``item`` are in ``warehouse``."""
+    _calls_made.append(item)
+    print(f"looking up {item}")
+    if item == "kite":
+        raise OutOfStock(f"{item} is out of stock in {warehouse}")
+    return {"item": item, "warehouse": warehouse, "count": len(_calls_made), "pair": (1, 2)}
+
+
+def opaque() -> object:
+    """Returns something that is not plain data."""
+    return object()
+
+
+def read_catalogue(path: str) -> str:
+    """Reads a data file (the tool runs outside the sandbox, so it needs no listing)."""
+    with open(path) as f:
+        return f.read()
+
+
+@pytest.fixture
+def shop_env():
+    e = PythonToolsEnv(tools=[stock, opaque, read_catalogue, add], tasks=TASKS, step_timeout_s=5.0)
+    yield e
+    e.close()
+
+
+def test_stubs_look_like_the_tools_and_return_plain_data(shop_env):
+    shop_env.reset(options={"task_id": "sum"})
+    obs = shop_env.step(code("import inspect\nprint(inspect.signature(stock))\nprint(stock.__doc__)\n"
+                             "r = stock('ball', warehouse='east')\nprint(r['warehouse'], r['pair'], type(r['pair']).__name__)\n"
+                             "print(add(2, b=3))"))[0]
+    import inspect
+
+    assert str(inspect.signature(stock)) == "(item: str, *, warehouse: str = 'main') -> dict"
+    assert obs.startswith(str(inspect.signature(stock)) + "\n"), obs
+    assert "How many of ``item`` are in ``warehouse``." in obs
+    assert "looking up ball" in obs and "east (1, 2) tuple" in obs and obs.strip().endswith("5")
+
+
+def test_a_tools_exception_is_raised_in_agent_code_as_its_kind(shop_env):
+    shop_env.reset(options={"task_id": "sum"})
+    obs, _, _, _, info = shop_env.step(code("try:\n    stock('kite')\nexcept LookupError as e:\n"
+                                            "    print('caught', type(e).__name__, e)"))
+    assert "caught OutOfStock kite is out of stock in main" in obs, obs
+    obs, _, _, _, info = shop_env.step(code("stock('kite', warehouse='west')"))
+    assert info["exec_error"] == "OutOfStock" and "OutOfStock: kite is out of stock in west" in obs
+    assert "test_python_tools.py" not in obs  # the tool's own frames stay on the tools' side
+
+
+def test_what_is_not_plain_data_is_a_type_error_in_agent_code(shop_env):
+    shop_env.reset(options={"task_id": "sum"})
+    obs, _, _, _, info = shop_env.step(code("stock(object())"))
+    assert info["exec_error"] == "TypeError" and "is not plain data" in obs
+    obs, _, _, _, info = shop_env.step(code("opaque()"))
+    assert info["exec_error"] == "TypeError" and "opaque() returned a object is not plain data" in obs
+    obs, _, _, _, info = shop_env.step(code("stock('x' * 2_000_000)"))
+    assert info["exec_error"] == "TypeError" and "at most 1,000,000" in obs
+
+
+def test_every_tool_call_is_recorded_by_the_parent_in_order(shop_env):
+    from draco_gym.types import TOOL_CALLS
+
+    shop_env.reset(options={"task_id": "sum"})
+    info = shop_env.step(code("# stock('comment') calls nothing\nstock('ball')\ntry:\n    stock('kite')\n"
+                              "except LookupError:\n    pass\nsubmit(add(2, 3))"))[4]
+    assert info[TOOL_CALLS] == [{"name": "stock", "ok": True}, {"name": "stock", "ok": False, "error": "OutOfStock"},
+                                {"name": "add", "ok": True}, {"name": "submit", "ok": True}]
+    assert shop_env.step(code("print('no tools')"))[4][TOOL_CALLS] == []
+    _, _, terminated, _, info = shop_env.step("Done.")
+    assert terminated and info["metrics"]["success"] is True
+    assert [s.info.get(TOOL_CALLS) for s in info["trajectory"].steps][1:] == [[], None]
+
+
+def test_tool_state_is_fresh_per_interpreter_and_replayed_after_a_restart(shop_env):
+    shop_env.reset(options={"task_id": "sum"})
+    assert "'count': 1" in shop_env.step(code("print(stock('a'))"))[0]
+    assert "'count': 2" in shop_env.step(code("print(stock('b'))"))[0]
+    os.killpg(shop_env._interpreter._proc.pid, signal.SIGKILL)
+    shop_env.step(code("print(1)"))  # lost; the restart replays the two calls in a fresh tools' process
+    assert "'count': 3" in shop_env.step(code("print(stock('c'))"))[0]
+    shop_env.reset(options={"task_id": "sum"})
+    assert "'count': 1" in shop_env.step(code("print(stock('a'))"))[0]
+
+
+def test_a_lost_blocks_submission_is_not_kept_and_its_calls_are_recorded():
+    from draco_gym.types import TOOL_CALLS
+
+    e = PythonToolsEnv(tools=[add], tasks=TASKS, step_timeout_s=1.0)
+    try:
+        e.reset(options={"task_id": "sum"})
+        e.step(code("submit(4)"))
+        obs, _, _, _, info = e.step(code("submit(add(2, 3))\nwhile True:\n    pass"))
+        assert info["exec_error"] == "TimeoutError" and info[TOOL_CALLS] == [{"name": "add", "ok": True},
+                                                                              {"name": "submit", "ok": True}]
+        _, _, _, _, info = e.step("Done.")
+        assert info["metrics"]["answer"] == 4 and info["metrics"]["success"] is False  # the replayed submit(4)
+    finally:
+        e.close()
+
+
+def test_tools_read_their_data_and_agent_code_reads_only_what_is_listed(tmp_path):
+    catalogue = tmp_path / "catalogue.txt"
+    catalogue.write_text("kites: 3")
+    listed = tmp_path / "listed.txt"
+    listed.write_text("for the agent")
+    e = PythonToolsEnv(tools=[read_catalogue], tasks=TASKS, read_only_paths=[listed])
+    try:
+        e.reset(options={"task_id": "sum"})
+        assert e.step(code(f"print(read_catalogue({str(catalogue)!r}))"))[0].strip() == "kites: 3"
+        assert e.step(code(f"print(open({str(listed)!r}).read())"))[0].strip() == "for the agent"
+        obs, _, _, _, info = e.step(code(f"print(open({str(catalogue)!r}).read())"))
+        assert info["exec_error"] in ("PermissionError", "FileNotFoundError") and "kites" not in obs
+    finally:
+        e.close()
+
+
+def test_a_stale_done_line_ends_the_episode_and_the_next_reset_works(env):
+    """A done line for another block (written early by agent code, then the real one
+    arriving during the next block) is caught; the episode ends as env_error."""
+    from draco_gym.types import Termination
+
+    env.reset(options={"task_id": "sum"})
+    forge = ("import json, os, stat\nfor fd in range(3, 64):\n    try:\n        if stat.S_ISFIFO(os.fstat(fd).st_mode):\n"
+             "            os.write(fd, (json.dumps({'done': True, 'block': 1, 'output': 'early', 'error': None}) + '\\n').encode())\n"
+             "    except OSError:\n        pass\nsubmit(5)")
+    obs, _, terminated, _, info = env.step(code(forge))
+    obs, _, terminated, _, info = env.step(code("print(2)")) if not terminated else (obs, 0, terminated, 0, info)
+    assert terminated and info["trajectory"].termination == Termination.ENV_ERROR, obs
+    assert "ProtocolError" == info["exec_error"]
+    env.reset(options={"task_id": "sum"})
+    assert env.step(code("print(add(1, 1))"))[0].strip() == "2"
+
+
+@pytest.mark.parametrize("mode", ["bwrap", "guard"])
+def test_agent_code_imports_the_standard_library_and_the_environments_packages(mode):
+    """The kernel layers leave what imports need: extension modules and the system
+    libraries they load (sqlite3, ssl, zlib), and the virtual environment's packages."""
+    import warnings
+
+    from draco_gym.envs import os_sandbox
+
+    if mode == "bwrap" and os_sandbox.bwrap_problem() is not None:
+        pytest.skip(os_sandbox.bwrap_problem())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", os_sandbox.SandboxWarning)
+        e = PythonToolsEnv(tools=[add], tasks=TASKS, sandbox=mode)
+    try:
+        e.reset(options={"task_id": "sum"})
+        obs, _, _, _, info = e.step(code("import sqlite3, ssl, zlib, decimal, numpy\n"
+                                         "print(sqlite3.connect(':memory:').execute('select 6 * 7').fetchone()[0], "
+                                         "int(numpy.arange(4).sum()))"))
+        assert info["exec_error"] is None and obs.strip() == "42 6", obs
+    finally:
+        e.close()
+
+
+@pytest.mark.parametrize("line", ["not json", '{"call": "add", "args": "__import__(\'os\')"}',
+                                  '{"call": "submit", "json": "[[5], {}]"}', '{"call": "nope", "json": "[[], {}]"}',
+                                  "FLOOD"], ids=["not-json", "not-literal", "submit-as-json", "unknown-tool", "flood"])
+def test_a_line_no_stub_writes_on_the_tools_channel_ends_the_episode(env, line):
+    """The tools' process refuses what no stub sends (not JSON, an argument that is not a
+    literal, a submission in another form, an unknown tool, a flood) and reports it: the
+    episode ends as env_error, nothing is submitted, and the next reset works."""
+    from draco_gym.types import Termination
+
+    env.reset(options={"task_id": "sum"})
+    forge = (f"import json, os, sys\nfd = json.loads(sys.argv[-1])['tool_fds'][0]\nline = {line!r}\n"
+             "if line == 'FLOOD':\n    for _ in range(200):\n        os.write(fd, b'x' * (1 << 16))\n"
+             "os.write(fd, line.encode() + b'\\n')\nadd(2, 3)")
+    obs, _, terminated, _, info = env.step(code(forge))
+    assert terminated and info["trajectory"].termination == Termination.ENV_ERROR, obs
+    assert info["exec_error"] == "ProtocolError" and info["metrics"]["submitted"] is False
+    env.reset(options={"task_id": "sum"})
+    assert env.step(code("print(add(1, 1))"))[0].strip() == "2"

@@ -11,11 +11,13 @@ alone, without the hook, so each layer is seen to hold by itself.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
 import subprocess
 import sys
+import textwrap
 import uuid
 import warnings
 
@@ -254,7 +256,8 @@ def test_bwrap_mode_fails_at_construction_with_the_fix_named(no_bwrap, appworld_
 
 
 def test_auto_falls_back_to_the_guard_and_warns_once_naming_what_is_exposed(no_bwrap):
-    with pytest.warns(SandboxWarning, match=r"WITHOUT an OS sandbox.*Not isolated: reads of any other file.*apt-get"):
+    expected = r"WITHOUT an OS sandbox.*seccomp.*Landlock.*Not isolated: the work folder's total size.*apt-get"
+    with pytest.warns(SandboxWarning, match=expected):
         first = gym.make("draco_gym/PythonTools-v0").unwrapped
     with warnings.catch_warnings():
         warnings.simplefilter("error", SandboxWarning)
@@ -344,3 +347,182 @@ def test_the_sandbox_dies_with_its_owner(tmp_path):
     finally:
         if owner.poll() is None:
             owner.kill()
+
+
+# -- each inner layer alone (envs/sandbox_guard.py), in a plain process ----------------------
+
+LAYER_PROBE = """
+import _posixsubprocess, ctypes, json, os, signal, sqlite3, sys, threading
+libc = ctypes.CDLL(None, use_errno=True)
+guard = __import__("importlib.util").util
+spec = guard.spec_from_file_location("g", sys.argv[1]); g = guard.module_from_spec(spec); spec.loader.exec_module(g)
+layer, work, home, outside, victim = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6])
+hidden = sys.argv[7]
+os.chdir(work)
+readable = [*sys.argv[8:], os.path.dirname(hidden)]
+if layer == "seccomp":
+    g.Seccomp(os.getpid(), dir_fd_paths=False).install(g._libc())
+elif layer == "landlock":
+    print("ABI", g.Landlock(g.readable_minus(readable, [hidden]), [work], g.DEVICES).install(g._libc()), file=sys.stderr)
+elif layer == "hook":
+    g.AuditGuard(work, g.PrivateReads([home, hidden], readable)).install()
+seen = {}
+def attempt(name, action):
+    try:
+        seen[name] = "DONE " + repr(action())[:80]
+    except Exception as exc:
+        seen[name] = "refused " + type(exc).__name__
+def spawn():
+    er, ew = os.pipe()
+    return _posixsubprocess.fork_exec([b"/bin/true"], [b"/bin/true"], True, (), None, None, -1, -1, -1, -1, -1, -1,
+                                      er, ew, True, True, -1, None, None, None, -1, None, False)
+def traced():
+    if libc.ptrace(16, victim, 0, 0) != 0:  # PTRACE_ATTACH
+        raise OSError(ctypes.get_errno(), "ptrace")
+    return "attached"
+attempt("thread", lambda: (lambda t: (t.start(), t.join()))(threading.Thread(target=lambda: None)))
+attempt("write inside", lambda: open("ok.txt", "w").write("fine"))
+attempt("dir_fd environ", lambda: os.read(os.open("%d/environ" % os.getppid(), os.O_RDONLY, dir_fd=os.open("/proc", os.O_RDONLY)), 99))
+attempt("dir_fd home", lambda: os.read(os.open(os.path.basename(home) + "/canary", os.O_RDONLY, dir_fd=os.open(os.path.dirname(home), os.O_RDONLY)), 99))
+attempt("dir_fd write", lambda: os.open("pwned", os.O_WRONLY | os.O_CREAT, dir_fd=os.open(outside, os.O_RDONLY)))
+attempt("hidden read", lambda: open(os.path.join(hidden, "answer.txt")).read())
+attempt("fork_exec", spawn)
+attempt("pidfd kill", lambda: signal.pidfd_send_signal(os.pidfd_open(victim), signal.SIGKILL))
+attempt("kill", lambda: os.kill(victim, signal.SIGKILL))
+attempt("ptrace", traced)
+attempt("setsid", os.setsid)
+attempt("mkfifo outside", lambda: os.mkfifo(os.path.join(outside, "fifo")))
+attempt("memfd", lambda: os.memfd_create("m"))
+attempt("sqlite outside", lambda: sqlite3.connect(os.path.join(outside, "x.db")).execute("create table t(x)"))
+print(json.dumps(seen))
+"""
+
+LAYER_HOLDS = {  # what each layer refuses by itself (every other row of the probe must not leak either way)
+    "seccomp": {"dir_fd environ", "dir_fd home", "dir_fd write", "fork_exec", "pidfd kill", "kill", "ptrace", "setsid",
+                "mkfifo outside", "memfd"},
+    "landlock": {"dir_fd environ", "dir_fd home", "dir_fd write", "hidden read", "ptrace", "kill", "mkfifo outside",
+                 "sqlite outside", "pidfd kill"},
+    "hook": {"hidden read", "sqlite outside"},
+}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.uname().machine != "x86_64", reason="Linux x86_64 layers")
+@pytest.mark.parametrize("layer", sorted(LAYER_HOLDS))
+def test_each_inner_layer_holds_alone(layer, tmp_path):
+    """Each layer refuses its share with the others off: seccomp the process, signal, ptrace
+    and descriptor-relative routes; Landlock every path outside the listed ones and other
+    processes; the audit hook what Python shows it. A thread and a write in the work folder
+    still work."""
+    from draco_gym.envs import sandbox_guard
+
+    guard = sandbox_guard.load()
+    libc = guard._libc()
+    if layer == "landlock" and guard.Landlock.abi(libc) < 6:
+        pytest.skip("this kernel's Landlock is older than ABI 6 (signal scoping)")
+    work, home, outside, hidden = (tmp_path / n for n in ("work", "home", "outside", "code/hidden"))
+    for folder in (work, home, outside, hidden):
+        folder.mkdir(parents=True)
+    (home / "canary").write_text(CANARY)
+    (hidden / "answer.txt").write_text(CANARY)
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        readable = [*os_sandbox.interpreter_paths(sys.executable), *os_sandbox.isolated_sys_path(sys.executable),
+                    *os_sandbox.SYSTEM_DIRS, "/etc/ld.so.cache"]
+        result = subprocess.run([sys.executable, "-I", "-c", LAYER_PROBE, str(os_sandbox.GUARD_MODULE), layer,
+                                 str(work), str(home), str(outside), str(victim.pid), str(hidden), *readable],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        seen = json.loads(result.stdout.splitlines()[-1])
+        assert victim.poll() is None or "kill" not in LAYER_HOLDS[layer], "the victim was killed"
+    finally:
+        victim.kill()
+        victim.wait()
+    assert seen["thread"].startswith("DONE") and seen["write inside"].startswith("DONE"), seen
+    for name in LAYER_HOLDS[layer]:
+        assert seen[name].startswith("refused"), (layer, name, seen[name])
+    assert not (outside / "pwned").exists() or "dir_fd write" not in LAYER_HOLDS[layer]
+
+
+@needs_bwrap
+def test_bubblewrap_caps_the_work_folder_hides_paths_and_drops_capabilities(tmp_path):
+    """The in-memory work folder has a size (ENOSPC past it, whatever RLIMIT_FSIZE allows);
+    a hidden folder inside a bound one is empty and read-only, a hidden file cannot be opened, a
+    bound file inside a hidden folder is back; /dev is read-only; no capability is left,
+    even when the parent is root."""
+    bound = tmp_path / "bound"
+    (bound / "secret").mkdir(parents=True)
+    (bound / "secret" / "answer.txt").write_text(CANARY)
+    (bound / "secret" / "kept.txt").write_text("kept")
+    (bound / "module.py").write_text(CANARY)
+    workdir = str(tmp_path / "sandbox-work")
+    probe = textwrap.dedent("""
+        import os, sys
+        bound = sys.argv[1]
+        def attempt(action):
+            try:
+                return repr(action())
+            except OSError as exc:
+                return "refused " + os.strerror(exc.errno)
+        def fill():
+            n = 0
+            with open("big", "wb") as f:
+                for _ in range(64):
+                    f.write(b"0" * (1 << 20)); f.flush(); n += 1
+            return n
+        print("fill:", attempt(fill))
+        print("hidden dir:", attempt(lambda: os.listdir(bound + "/secret")))
+        print("hidden write:", attempt(lambda: open(bound + "/secret/new", "w")))
+        print("hidden file:", attempt(lambda: open(bound + "/module.py").read()))
+        print("dev:", attempt(lambda: open("/dev/shm/x", "w")))
+        print([line.split()[1] for line in open("/proc/self/status") if line.startswith("CapEff")][0])
+    """)
+    env = os_sandbox.allowlisted_env(workdir)
+    argv = [sys.executable, "-I", "-c", probe, str(bound)]
+    command = os_sandbox.bwrap_command(argv, workdir=workdir, env=env, private_workdir=True, workdir_mb=8,
+                                       read_only=[*os_sandbox.interpreter_paths(sys.executable), str(bound),
+                                                  str(bound / "secret" / "kept.txt")],
+                                       hidden=[str(bound / "secret"), str(bound / "module.py")])
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(": ", 1) for line in result.stdout.splitlines()[:-1])
+    assert lines["fill"] == "refused No space left on device", result.stdout
+    assert lines["hidden dir"] == "['kept.txt']" and lines["hidden write"].startswith("refused")
+    assert lines["hidden file"] == "refused Permission denied" and lines["dev"] == "refused Read-only file system"
+    assert result.stdout.splitlines()[-1] == "0000000000000000"
+    assert not os.path.exists(workdir)  # the folder was the sandbox's, not the host's
+
+
+def test_a_channel_stops_reading_a_flood_at_its_line_cap():
+    """A line without a newline is refused once it passes ``max_line``, having read little
+    more than that: the writer is left blocked on a full pipe, not drained into memory."""
+    import threading
+    import time
+
+    read_fd, write_fd = os.pipe()
+    written = []
+
+    def flood():
+        chunk = b"x" * (1 << 16)
+        try:
+            for _ in range(1600):  # 100 MiB
+                written.append(os.write(write_fd, chunk))
+        except OSError:
+            pass
+
+    writer = threading.Thread(target=flood, daemon=True)
+    writer.start()
+    channel = os_sandbox.JsonLines(open(os.devnull, "wb"), read_fd, max_line=1 << 20)
+    with pytest.raises(os_sandbox.ProtocolError, match="longer than 1,048,576 bytes"):
+        channel.receive(time.monotonic() + 30)
+    time.sleep(0.2)
+    assert sum(written) < 4 << 20, f"{sum(written):,} bytes were drained from the pipe"
+    os.close(read_fd)
+    writer.join(5)
+    os.close(write_fd)
+    for line, error in ((b"not json\n", "not JSON"), (b"[1, 2]\n", "not an object"), (b"[" * 100_000 + b"\n", "not JSON")):
+        r, w = os.pipe()
+        os.write(w, line) if len(line) < 60_000 else threading.Thread(target=os.write, args=(w, line)).start()
+        with pytest.raises(os_sandbox.ProtocolError, match=error):
+            os_sandbox.JsonLines(open(os.devnull, "wb"), r).receive(time.monotonic() + 10)
+        os.close(r)
+        os.close(w)
