@@ -203,7 +203,9 @@ def bwrap_command(
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable(f"bubblewrap (`bwrap`) is not on PATH; {INSTALL_HINT}")
-    command = [bwrap, "--unshare-all", "--die-with-parent", "--clearenv", *_system_binds(),
+    # --cap-drop ALL: started by root, bubblewrap would keep every capability inside, and a
+    # process could remount a read-only bind writable and write to the host's folder
+    command = [bwrap, "--unshare-all", "--die-with-parent", "--clearenv", "--cap-drop", "ALL", *_system_binds(),
                "--proc", "/proc", "--dev", "/dev"]
     for path in sorted({os.path.realpath(p) for p in read_only if os.path.exists(p)}, key=len):
         command += ["--ro-bind", path, path]
@@ -250,10 +252,11 @@ class JsonLines:
     pipes. Pipes need no network, so the sandbox has none; a read waits at most until a
     deadline, and EOF means the process is gone. The caller owns (and closes) both ends."""
 
-    def __init__(self, writer: BinaryIO, read_fd: int) -> None:
+    def __init__(self, writer: BinaryIO, read_fd: int, max_line_bytes: int = 64 * 2**20) -> None:
         self._writer = writer
         self._read_fd = read_fd
         self._pending = b""
+        self.max_line_bytes = max_line_bytes
 
     def send(self, message: dict) -> None:
         """Raises BrokenPipeError (an OSError) when the process is gone."""
@@ -262,8 +265,11 @@ class JsonLines:
 
     def receive(self, deadline: float) -> dict:
         """The next message; TimeoutError past ``deadline`` (time.monotonic), EOFError when
-        the other end closed, ValueError on a line that is not JSON."""
+        the other end closed, ValueError on a line that is not JSON or longer than
+        ``max_line_bytes`` (read no further than that: a flood costs no more memory)."""
         while b"\n" not in self._pending:
+            if len(self._pending) > self.max_line_bytes:
+                raise ValueError(f"a line longer than {self.max_line_bytes} bytes")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
@@ -275,4 +281,10 @@ class JsonLines:
                 raise EOFError
             self._pending += chunk
         line, _, self._pending = self._pending.partition(b"\n")
+        if len(line) > self.max_line_bytes:
+            raise ValueError(f"a line longer than {self.max_line_bytes} bytes")
         return json.loads(line)
+
+    def has_pending(self) -> bool:
+        """Whether anything arrived that was not asked for (or the other end closed)."""
+        return bool(self._pending) or bool(select.select([self._read_fd], [], [], 0)[0])

@@ -25,7 +25,7 @@ from typing import Any
 
 from draco_gym.codeblock import DEFAULT_LANGUAGES, MultiBlockPolicy
 from draco_gym.envs.appworld.runtime import AppWorldRuntime, print_progress
-from draco_gym.envs.appworld.server import EnvServer, RemoteError, ServerDied, ServerError, ServerPool
+from draco_gym.envs.appworld.server import EnvServer, ProtocolError, RemoteError, ServerDied, ServerError, ServerPool
 from draco_gym.envs.appworld.suite import TaskSource, resolve_source
 from draco_gym.envs.base import CodeStepEnv, EndRule, Execution, WorldLost
 from draco_gym.envs.os_sandbox import SandboxMode, check_mode
@@ -181,8 +181,7 @@ class AppWorldEnv(CodeStepEnv):
         if task_id is None:
             task_id = str(self.np_random.choice(self.task_ids))
         self._check_task_id(task_id)
-        info = self._load(task_id)
-        task = info["task"]
+        task = self._load(task_id)
         metadata = self.source.metadata(task_id)
         supervisor = task["supervisor"]
         prompt = PROMPT.format(
@@ -220,16 +219,17 @@ class AppWorldEnv(CodeStepEnv):
             return super()._execute(code)
         except RemoteError as exc:  # the engine refused the request: nothing ran, nothing to replay
             return Execution(output=f"Execution failed: {exc}", error="remote_error")
+        except ProtocolError as exc:  # the agent's code wrote on the shell's channel: it is stopped
+            return self._fatal(f"the code broke the environment's protocol ({exc})")
 
     def _run(self, code: str) -> Execution:
         try:
-            answer = self._server.request("POST", "/execute", {"code": code},
-                                          timeout_s=self.step_timeout_s + self.grace_s)
+            answer = self._server.execute(code, timeout_s=self.step_timeout_s + self.grace_s)
         except ServerDied as exc:
             raise WorldLost(str(exc), "server_died") from exc
         output = answer["output"]
         error = "execution_failed" if output.startswith("Execution failed") else None
-        return Execution(output=output, error=error, submitted=bool(answer.get("submitted")))
+        return Execution(output=output, error=error, submitted=answer["submitted"], tool_calls=answer["tool_calls"])
 
     def _lost_block(self, lost: WorldLost, failure: str | None) -> Execution:
         if failure is not None:
@@ -247,7 +247,8 @@ class AppWorldEnv(CodeStepEnv):
     def _evaluate(self) -> dict[str, Any]:
         if not self._server_alive() and self._recover() is not None:
             raise ServerError("the environment server died before evaluation and could not be restored")
-        result = self._server.request("POST", "/evaluate", timeout_s=120)
+        # graded by the pool's evaluator on the world's saved databases: neither process ran agent code
+        result = self.pool.evaluate(self.task.id, self._server.save_state())
         metadata = self.task.metadata
         return {
             "task_id": self.task.id,
@@ -263,15 +264,13 @@ class AppWorldEnv(CodeStepEnv):
     # -- servers ----------------------------------------------------------------------------
 
     def _load(self, task_id: str) -> dict:
-        """Load ``task_id`` on our server (borrowing one first), retrying once on a dead server."""
+        """Load ``task_id`` on our server (borrowing one first) with a fresh shell, retrying
+        once on a dead server."""
         for attempt in (1, 2):
             if self._server is None:
                 self._server = self.pool.acquire()
-            elif not self._server.alive:
-                self._server.restart()
             try:
-                return self._server.request("POST", "/reset", {"task_id": task_id, "timeout_s": self.step_timeout_s},
-                                            timeout_s=120)
+                return self._server.reset(task_id, self.step_timeout_s)
             except ServerDied:
                 if attempt == 2:
                     raise
@@ -282,11 +281,9 @@ class AppWorldEnv(CodeStepEnv):
         return self._server is not None and self._server.alive
 
     def _restart(self) -> None:
-        """A fresh server with the task loaded (the base class then replays the blocks)."""
+        """The task reloaded in the world and a fresh shell, its dead processes restarted
+        (the base class then replays the blocks)."""
         self.recoveries += 1
-        if self._server is None:
-            self._server = self.pool.acquire()
-        self._server.restart()
         self._load(self.task.id)
 
     def _fatal(self, message: str) -> Execution:
