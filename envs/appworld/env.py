@@ -1,15 +1,20 @@
 """``draco_gym/AppWorld-v0``: AppWorld on the real engine, one code block per step.
 
-The environment is a thin client: the world lives in an engine server process (see
-``server.py``) borrowed from a pool at the first reset and kept across episodes, so only
-the first episode of a process pays the server's start-up. Every code block that ran is
-remembered (``CodeStepEnv``'s restart and replay); that log is what makes the two recoveries
-possible:
+The environment is a thin client of an engine server (see ``server.py``) borrowed from a
+pool at the first reset and kept across episodes, so only the first episode of a process
+pays the server's start-up. The agent's code runs in a shell process forked afresh for each
+episode; the apps and their databases live in a world process that runs no agent code; the
+environment relays the shell's API calls to the world and records them (``tool_calls``);
+the pool's evaluator grades the world's saved end state. So nothing the agent's code does
+in its process reaches the outcome. Every code block that ran is remembered
+(``CodeStepEnv``'s restart and replay); that log is what makes the two recoveries possible:
 
-- the server dies (killed, out of memory, stuck past the step timeout): a fresh server
-  loads the task and replays the log, and the episode continues from the same state. The
-  block that was running when it died is reported as failed and not replayed. If the
-  replay fails too, the episode ends with termination ``env_error``; it never hangs.
+- the shell or the world dies (killed, out of memory, stuck past the step timeout): the
+  task is reloaded in the world, a fresh shell replays the log, and the episode continues
+  from the same state. The block that was running when it died is reported as failed and
+  not replayed. If the replay fails too, the episode ends with termination ``env_error``;
+  it never hangs. A shell that breaks the protocol (forged, malformed or flooded lines)
+  ends the episode with ``env_error`` at once.
 - ``restore`` (ProVer): replaying messages into a fresh episode rebuilds the state, since
   the engine is deterministic (frozen clock, fixed random seed), hence ``can_restore``.
 
@@ -96,6 +101,11 @@ class AppWorldEnv(CodeStepEnv):
     (``"start"`` before any), read from the code. Steps of a group with equal keys are
     compared by TRCA's credit.
 
+    ## Tool calls
+    ``info["tool_calls"]`` (``draco_gym.types.TOOL_CALLS``) lists the AppWorld API calls the
+    step's block made, in order, ``{"name": "app.api", "ok": bool, "status": int}``, recorded
+    by the environment as it relays them to the world (outside the agent's process).
+
     ## Task metadata for the rule rubric
     ``Task.metadata["api_docs"]`` is True (the ``api_docs`` app documents every API) and
     ``Task.metadata["operators"]`` is the task's operator library: the APIs its solution
@@ -110,7 +120,7 @@ class AppWorldEnv(CodeStepEnv):
     first use. ``step_timeout_s`` bounds one code block inside the engine; the server gets
     ``grace_s`` more before it is declared stuck and replaced. ``sandbox`` (``"auto"``,
     ``"bwrap"``, ``"guard"``; see ``draco_gym.envs.os_sandbox``) is the OS boundary around
-    the engine servers, resolved here: ``"bwrap"`` raises when bubblewrap cannot run. A
+    the engine's processes, resolved here: ``"bwrap"`` raises when bubblewrap cannot run. A
     ``pool`` given brings its own.
     ``end_rule``, ``max_turns``, ``max_observation_chars``, ``multi_block``, ``languages``,
     ``render_mode`` ("ansi") as in ``CodeStepEnv``.
@@ -118,7 +128,8 @@ class AppWorldEnv(CodeStepEnv):
     ## Version history
     - v0: the initial version; since this release each step's info carries ``state_key``
       and the task's metadata ``api_docs`` and ``operators`` (additions only: episodes,
-      observations and metrics are unchanged).
+      observations and metrics are unchanged); each step's info also carries ``tool_calls``,
+      and a shell that breaks the protocol ends its episode with ``env_error``.
     """
 
     can_restore = True
