@@ -13,10 +13,14 @@
    ``--repeats`` episodes (as ``timeit`` advises on a shared machine); the figures are sums of
    those minima. Goals: env/engine <= 1.10; the OS sandbox adds <= 5% per step (env bwrap /
    env guard <= 1.05).
-2. Server start-up, per sandbox mode: process start until the server is ready (goal: bwrap
-   adds <= 0.5 s), the first task load, and a later task load on the same (warm) server,
-   which is what every further episode pays.
-3. Memory per server: resident set size of a server's process tree after an episode.
+   Each episode is also timed whole (task load, the steps, the evaluation), the engine's
+   as ``AppWorld(...)``, its executions and ``evaluate()`` in one process, the env's as
+   ``reset``, the steps and the closing message (which evaluates in the pool's evaluator).
+2. Server start-up, per sandbox mode: processes start until the server is ready (goal:
+   bwrap adds <= 0.5 s), the first task load, and a later task load on the same (warm)
+   server, which is what every further episode pays (a fresh shell forked included).
+3. Memory per server: resident set size of a server's process trees (world, shell fork
+   server and the episode's shell) after an episode, and of the pool's evaluator.
 4. Throughput: episodes per second with 1 server vs 2 servers used by 2 threads (auto mode).
 
     python bench/appworld_env.py [--tasks 6] [--repeats 7] [--starts 5] [--episodes 12] [--skip-throughput]
@@ -36,7 +40,7 @@ from pathlib import Path
 
 from draco_gym.envs.appworld import AppWorldEnv, AppWorldRuntime, EnvServer, ServerPool, ensure_offline_suite
 from draco_gym.envs.appworld.runtime import print_progress
-from draco_gym.envs.appworld.server import ENGINE_SCRIPT
+from draco_gym.envs.appworld.server import ENGINE_SCRIPT, Evaluator
 
 GOAL = 1.10
 SANDBOX_STEP_GOAL = 1.05
@@ -54,6 +58,7 @@ ENGINE_LOOP = textwrap.dedent("""
         audit_guard = AuditGuard()
     for line in sys.stdin:
         job = json.loads(line)
+        began = clock()
         world = AppWorld(task_id=job["task_id"], experiment_name="bench_engine", timeout_seconds=30)
         if audit_guard is not None:
             world.shell.run_cell = audit_guard.guard(world.shell.run_cell)
@@ -62,8 +67,9 @@ ENGINE_LOOP = textwrap.dedent("""
             started = clock()
             world.execute(code)
             times.append(clock() - started)
+        world.evaluate()
         world.close()
-        print(json.dumps(times), flush=True)
+        print(json.dumps({"steps": times, "episode": clock() - began}), flush=True)
 """)
 
 
@@ -81,10 +87,12 @@ class EngineInProcess:
             stderr=subprocess.DEVNULL, text=True, env=runtime.subprocess_env(root), cwd=str(root),
         )
 
-    def episode(self, task_id: str, blocks: list[str]) -> list[float]:
+    def episode(self, task_id: str, blocks: list[str]) -> tuple[list[float], float]:
+        """Each step's time and the whole episode's (world built, steps, evaluation)."""
         self.process.stdin.write(json.dumps({"task_id": task_id, "blocks": blocks}) + "\n")
         self.process.stdin.flush()
-        return json.loads(self.process.stdout.readline())
+        result = json.loads(self.process.stdout.readline())
+        return result["steps"], result["episode"]
 
     def close(self) -> None:
         self.process.stdin.close()
@@ -95,7 +103,9 @@ class EngineInProcess:
             self.process.wait(10)
 
 
-def env_episode(env: AppWorldEnv, task_id: str, blocks: list[str]) -> list[float]:
+def env_episode(env: AppWorldEnv, task_id: str, blocks: list[str]) -> tuple[list[float], float]:
+    """Each step's time and the whole episode's (reset, steps, the closing message's evaluation)."""
+    began = time.perf_counter()
     env.reset(options={"task_id": task_id})
     times = []
     for code in blocks:
@@ -103,8 +113,9 @@ def env_episode(env: AppWorldEnv, task_id: str, blocks: list[str]) -> list[float
         started = time.perf_counter()
         env.step(message)
         times.append(time.perf_counter() - started)
-    env.step("Done.")  # ends the episode (evaluation: outside the timing)
-    return times
+    _, _, _, _, info = env.step("Done.")  # ends the episode and evaluates it
+    assert info["metrics"].get("success"), info["metrics"]
+    return times, time.perf_counter() - began
 
 
 def rss_mb(pid: int) -> float:
@@ -129,6 +140,7 @@ def bench_latency(source, runtime, tasks: list[str], repeats: int, scratch: Path
     envs = {mode: AppWorldEnv("train", data_root=source.data_dir, pool=pool, show_progress=False)
             for mode, pool in pools.items()}
     best = {"engine": {}, "engine+sandbox": {}, "env": {}, "env bwrap": {}}
+    episodes = {name: {} for name in best}
     try:
         for r in range(repeats):
             for task_id in tasks:
@@ -136,9 +148,10 @@ def bench_latency(source, runtime, tasks: list[str], repeats: int, scratch: Path
                 for name, run in (("engine", engine.episode), ("engine+sandbox", sandboxed.episode),
                                   ("env", lambda t, b: env_episode(envs["guard"], t, b)),
                                   ("env bwrap", lambda t, b: env_episode(envs["bwrap"], t, b))):
-                    times = run(task_id, blocks)
+                    times, whole = run(task_id, blocks)
                     previous = best[name].get(task_id, [float("inf")] * len(times))
                     best[name][task_id] = [min(a, b) for a, b in zip(previous, times)]
+                    episodes[name][task_id] = min(episodes[name].get(task_id, float("inf")), whole)
             print(f"  latency repeat {r + 1}/{repeats} done", flush=True)
     finally:
         engine.close()
@@ -156,7 +169,9 @@ def bench_latency(source, runtime, tasks: list[str], repeats: int, scratch: Path
 
     steps = sum(len(v) for v in best["env"].values())
     other = sum(not c for v in completing.values() for c in v)
+    episode_s = {name: sum(v.values()) / len(v) for name, v in episodes.items()}
     return {
+        "episode_s": episode_s,
         "steps": steps, "engine_ms_per_step": 1000 * total("engine", lambda c: True) / steps,
         "env_ms_per_step": 1000 * total("env", lambda c: True) / steps,
         "ratio": total("env", lambda c: True) / total("engine", lambda c: True),
@@ -172,27 +187,31 @@ def bench_latency(source, runtime, tasks: list[str], repeats: int, scratch: Path
 
 def bench_startup(source, runtime, modes: tuple[str, ...], starts: int) -> dict:
     """Per mode; the modes alternate, start by start, so machine load hits them alike."""
-    runs = {mode: {"start_s": [], "load_s": [], "warm_s": [], "rss": []} for mode in modes}
+    runs = {mode: {"start_s": [], "load_s": [], "warm_s": [], "rss": [], "evaluator_rss": []} for mode in modes}
     for _ in range(starts):
         for mode in modes:
             run = runs[mode]
             server = EnvServer(runtime, source.data_dir, name="bench", sandbox=mode)
+            evaluator = Evaluator(runtime, source.data_dir, mode)
             began = time.perf_counter()
             server.start()
             run["start_s"].append(time.perf_counter() - began)
             began = time.perf_counter()
-            server.request("POST", "/reset", {"task_id": "note-of-contacts_1", "timeout_s": 30}, timeout_s=120)
+            server.reset("note-of-contacts_1", 30)
             run["load_s"].append(time.perf_counter() - began)
             for code in source.ground_truth_file("note-of-contacts_1", "reference_solution.json"):
-                server.request("POST", "/execute", {"code": code})
-            server.request("POST", "/evaluate")
-            run["rss"].append(rss_mb(server.process.pid))
+                server.execute(code, 60)
+            assert evaluator.evaluate("note-of-contacts_1", server.save_state())["success"]
+            run["rss"].append(rss_mb(server.world.process.pid) + rss_mb(server.forks.process.pid))
+            run["evaluator_rss"].append(rss_mb(evaluator.process.process.pid))
             began = time.perf_counter()
-            server.request("POST", "/reset", {"task_id": "note-of-contacts_2", "timeout_s": 30}, timeout_s=120)
+            server.reset("note-of-contacts_2", 30)
             run["warm_s"].append(time.perf_counter() - began)
             server.stop()
+            evaluator.stop()
     return {mode: {"start_s": min(r["start_s"]), "start_s_max": max(r["start_s"]), "first_load_s": min(r["load_s"]),
-                   "warm_load_s": min(r["warm_s"]), "rss_mb": max(r["rss"]), "starts": starts} for mode, r in runs.items()}
+                   "warm_load_s": min(r["warm_s"]), "rss_mb": max(r["rss"]), "evaluator_rss_mb": max(r["evaluator_rss"]),
+                   "starts": starts} for mode, r in runs.items()}
 
 
 def bench_bare_start(runtime, runs: int = 20) -> dict:
@@ -269,11 +288,16 @@ def main() -> None:
           f"env / engine+hook (transport, client, completion check): {latency['env_vs_sandboxed']:.3f}")
     print(f"  env bwrap {latency['bwrap_ms_per_step']:.1f} ms/step: bwrap/engine {latency['bwrap_vs_engine']:.3f}, "
           f"bwrap/guard {latency['bwrap_vs_guard']:.3f}")
+    episode = latency["episode_s"]
+    print(f"episode (task load, steps, evaluation), mean over tasks of the minimum: engine {episode['engine']:.2f} s, "
+          f"env (guard) {episode['env']:.2f} s, env bwrap {episode['env bwrap']:.2f} s; "
+          f"env bwrap/engine {episode['env bwrap'] / episode['engine']:.2f}")
     startups = bench_startup(source, runtime, ("guard", "bwrap"), args.starts)
     for mode, startup in startups.items():
         print(f"server start ({mode}) until ready: {startup['start_s']:.2f} s (max {startup['start_s_max']:.2f} s of {args.starts}); "
               f"first task load: {startup['first_load_s']:.2f} s, next (warm server): {startup['warm_load_s']:.2f} s; "
-              f"RSS per server after an episode: {startup['rss_mb']:.0f} MB")
+              f"RSS per server after an episode: {startup['rss_mb']:.0f} MB, the pool's evaluator "
+              f"{startup['evaluator_rss_mb']:.0f} MB")
     bare = bench_bare_start(runtime)
     print(f"bare interpreter start (min of 20): plain {1000 * bare['plain']:.0f} ms, in bubblewrap "
           f"{1000 * bare['bwrap']:.0f} ms: the sandbox's own cost {1000 * (bare['bwrap'] - bare['plain']):+.0f} ms")

@@ -368,3 +368,7 @@ class JsonLines:
         if not isinstance(message, dict):
             raise ProtocolError(f"a JSON line that is not an object: {line[:80]!r}")
         return message
+
+    def has_pending(self) -> bool:
+        """Whether anything arrived that was not asked for (or the other end closed)."""
+        return bool(self._pending) or bool(select.select([self._read_fd], [], [], 0)[0])

@@ -259,7 +259,8 @@ def test_no_orphan_when_the_owner_is_killed(source, tmp_path):
         from draco_gym.envs.appworld import AppWorldEnv
         env = AppWorldEnv("train", data_root={str(source.data_dir)!r}, show_progress=False)
         env.reset(options={{"task_id": "photo-count_1"}})
-        open({str(pid_file)!r}, "w").write(str(env._server.process.pid) + " " + str(env._server._workdir))
+        processes = [env._server.world, env._server.forks, env.pool.evaluator.process]
+        open({str(pid_file)!r}, "w").write(" ".join(f"{{p.process.pid}}:{{p._workdir}}" for p in processes))
         import time; time.sleep(600)
     """)
     owner = subprocess.Popen([sys.executable, "-c", script])
@@ -268,22 +269,24 @@ def test_no_orphan_when_the_owner_is_killed(source, tmp_path):
         while not pid_file.exists():
             assert owner.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
-        pid_text, scratch = pid_file.read_text().split()
-        server_pid = int(pid_text)
-        os.kill(server_pid, 0)
-        owner.kill()  # SIGKILL: no atexit runs; the server's watchdog must notice
+        servers = [entry.split(":", 1) for entry in pid_file.read_text().split()]
+        assert len(servers) == 3  # the world, the shell fork server, the evaluator
+        for pid, _ in servers:
+            os.kill(int(pid), 0)
+        owner.kill()  # SIGKILL: no atexit runs; each process's watchdog (or bubblewrap) must notice
         owner.wait(10)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.kill(server_pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.2)
-        else:
-            os.kill(server_pid, signal.SIGKILL)
-            pytest.fail("the server outlived its owner")
-        assert not Path(scratch).exists(), "the orphaned server left its scratch folder behind"
+        for pid, scratch in servers:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    os.kill(int(pid), 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.2)
+            else:
+                os.kill(int(pid), signal.SIGKILL)
+                pytest.fail(f"process {pid} outlived its owner")
+            assert not Path(scratch).exists(), "an orphaned process left its scratch folder behind"
     finally:
         if owner.poll() is None:
             owner.kill()

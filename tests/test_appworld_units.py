@@ -174,3 +174,37 @@ def test_operator_library_of_a_real_appworld_task(tmp_path):
     }
     _data_folder(tmp_path / "bare", {"train": ["x_1"]})
     assert TaskSource(tmp_path / "bare").operators("x_1") == {"evidence": [], "execution": []}
+
+
+def test_a_channel_line_over_its_cap_is_refused_without_reading_the_rest():
+    """What a shell sends is bounded: a newline-free flood stops at the cap (plus one read),
+    and anything sent unasked shows as pending before the next request."""
+    import socket
+    import threading
+    import time
+
+    from draco_gym.envs.os_sandbox import JsonLines
+
+    ours, theirs = socket.socketpair()
+    writer = ours.makefile("wb")
+    channel = JsonLines(writer, ours.fileno(), max_line=1 << 20)
+
+    def send_flood() -> None:
+        try:
+            theirs.sendall(b"x" * (64 << 20))
+        except OSError:  # we stop reading and close: the flood goes nowhere
+            pass
+
+    assert not channel.has_pending()
+    theirs.sendall(b'{"status": 200}\n')
+    assert channel.has_pending() and channel.receive(time.monotonic() + 5) == {"status": 200}
+    assert not channel.has_pending()
+    flood = threading.Thread(target=send_flood, daemon=True)
+    flood.start()
+    with pytest.raises(ValueError, match="longer than 1048576 bytes"):
+        channel.receive(time.monotonic() + 30)
+    assert len(channel._pending) <= (1 << 20) + (1 << 16)
+    writer.close()
+    ours.close()
+    flood.join(10)
+    theirs.close()

@@ -1,15 +1,20 @@
 """``draco_gym/AppWorld-v0``: AppWorld on the real engine, one code block per step.
 
-The environment is a thin client: the world lives in an engine server process (see
-``server.py``) borrowed from a pool at the first reset and kept across episodes, so only
-the first episode of a process pays the server's start-up. Every code block that ran is
-remembered (``CodeStepEnv``'s restart and replay); that log is what makes the two recoveries
-possible:
+The environment is a thin client of an engine server (see ``server.py``) borrowed from a
+pool at the first reset and kept across episodes, so only the first episode of a process
+pays the server's start-up. The agent's code runs in a shell process forked afresh for each
+episode; the apps and their databases live in a world process that runs no agent code; the
+environment relays the shell's API calls to the world and records them (``tool_calls``);
+the pool's evaluator grades the world's saved end state. So nothing the agent's code does
+in its process reaches the outcome. Every code block that ran is remembered
+(``CodeStepEnv``'s restart and replay); that log is what makes the two recoveries possible:
 
-- the server dies (killed, out of memory, stuck past the step timeout): a fresh server
-  loads the task and replays the log, and the episode continues from the same state. The
-  block that was running when it died is reported as failed and not replayed. If the
-  replay fails too, the episode ends with termination ``env_error``; it never hangs.
+- the shell or the world dies (killed, out of memory, stuck past the step timeout): the
+  task is reloaded in the world, a fresh shell replays the log, and the episode continues
+  from the same state. The block that was running when it died is reported as failed and
+  not replayed. If the replay fails too, the episode ends with termination ``env_error``;
+  it never hangs. A shell that breaks the protocol (forged, malformed or flooded lines)
+  ends the episode with ``env_error`` at once.
 - ``restore`` (ProVer): replaying messages into a fresh episode rebuilds the state, since
   the engine is deterministic (frozen clock, fixed random seed), hence ``can_restore``.
 
@@ -25,7 +30,7 @@ from typing import Any
 
 from draco_gym.codeblock import DEFAULT_LANGUAGES, MultiBlockPolicy
 from draco_gym.envs.appworld.runtime import AppWorldRuntime, print_progress
-from draco_gym.envs.appworld.server import EnvServer, RemoteError, ServerDied, ServerError, ServerPool
+from draco_gym.envs.appworld.server import EnvServer, ProtocolError, RemoteError, ServerDied, ServerError, ServerPool
 from draco_gym.envs.appworld.suite import TaskSource, resolve_source
 from draco_gym.envs.base import CodeStepEnv, EndRule, Execution, WorldLost
 from draco_gym.envs.os_sandbox import SandboxMode, check_mode
@@ -96,6 +101,11 @@ class AppWorldEnv(CodeStepEnv):
     (``"start"`` before any), read from the code. Steps of a group with equal keys are
     compared by TRCA's credit.
 
+    ## Tool calls
+    ``info["tool_calls"]`` (``draco_gym.types.TOOL_CALLS``) lists the AppWorld API calls the
+    step's block made, in order, ``{"name": "app.api", "ok": bool, "status": int}``, recorded
+    by the environment as it relays them to the world (outside the agent's process).
+
     ## Task metadata for the rule rubric
     ``Task.metadata["api_docs"]`` is True (the ``api_docs`` app documents every API) and
     ``Task.metadata["operators"]`` is the task's operator library: the APIs its solution
@@ -110,7 +120,7 @@ class AppWorldEnv(CodeStepEnv):
     first use. ``step_timeout_s`` bounds one code block inside the engine; the server gets
     ``grace_s`` more before it is declared stuck and replaced. ``sandbox`` (``"auto"``,
     ``"bwrap"``, ``"guard"``; see ``draco_gym.envs.os_sandbox``) is the OS boundary around
-    the engine servers, resolved here: ``"bwrap"`` raises when bubblewrap cannot run. A
+    the engine's processes, resolved here: ``"bwrap"`` raises when bubblewrap cannot run. A
     ``pool`` given brings its own.
     ``end_rule``, ``max_turns``, ``max_observation_chars``, ``multi_block``, ``languages``,
     ``render_mode`` ("ansi") as in ``CodeStepEnv``.
@@ -118,7 +128,8 @@ class AppWorldEnv(CodeStepEnv):
     ## Version history
     - v0: the initial version; since this release each step's info carries ``state_key``
       and the task's metadata ``api_docs`` and ``operators`` (additions only: episodes,
-      observations and metrics are unchanged).
+      observations and metrics are unchanged); each step's info also carries ``tool_calls``,
+      and a shell that breaks the protocol ends its episode with ``env_error``.
     """
 
     can_restore = True
@@ -181,8 +192,7 @@ class AppWorldEnv(CodeStepEnv):
         if task_id is None:
             task_id = str(self.np_random.choice(self.task_ids))
         self._check_task_id(task_id)
-        info = self._load(task_id)
-        task = info["task"]
+        task = self._load(task_id)
         metadata = self.source.metadata(task_id)
         supervisor = task["supervisor"]
         prompt = PROMPT.format(
@@ -220,16 +230,17 @@ class AppWorldEnv(CodeStepEnv):
             return super()._execute(code)
         except RemoteError as exc:  # the engine refused the request: nothing ran, nothing to replay
             return Execution(output=f"Execution failed: {exc}", error="remote_error")
+        except ProtocolError as exc:  # the agent's code wrote on the shell's channel: it is stopped
+            return self._fatal(f"the code broke the environment's protocol ({exc})")
 
     def _run(self, code: str) -> Execution:
         try:
-            answer = self._server.request("POST", "/execute", {"code": code},
-                                          timeout_s=self.step_timeout_s + self.grace_s)
+            answer = self._server.execute(code, timeout_s=self.step_timeout_s + self.grace_s)
         except ServerDied as exc:
             raise WorldLost(str(exc), "server_died") from exc
         output = answer["output"]
         error = "execution_failed" if output.startswith("Execution failed") else None
-        return Execution(output=output, error=error, submitted=bool(answer.get("submitted")))
+        return Execution(output=output, error=error, submitted=answer["submitted"], tool_calls=answer["tool_calls"])
 
     def _lost_block(self, lost: WorldLost, failure: str | None) -> Execution:
         if failure is not None:
@@ -247,7 +258,8 @@ class AppWorldEnv(CodeStepEnv):
     def _evaluate(self) -> dict[str, Any]:
         if not self._server_alive() and self._recover() is not None:
             raise ServerError("the environment server died before evaluation and could not be restored")
-        result = self._server.request("POST", "/evaluate", timeout_s=120)
+        # graded by the pool's evaluator on the world's saved databases: neither process ran agent code
+        result = self.pool.evaluate(self.task.id, self._server.save_state())
         metadata = self.task.metadata
         return {
             "task_id": self.task.id,
@@ -263,15 +275,13 @@ class AppWorldEnv(CodeStepEnv):
     # -- servers ----------------------------------------------------------------------------
 
     def _load(self, task_id: str) -> dict:
-        """Load ``task_id`` on our server (borrowing one first), retrying once on a dead server."""
+        """Load ``task_id`` on our server (borrowing one first) with a fresh shell, retrying
+        once on a dead server."""
         for attempt in (1, 2):
             if self._server is None:
                 self._server = self.pool.acquire()
-            elif not self._server.alive:
-                self._server.restart()
             try:
-                return self._server.request("POST", "/reset", {"task_id": task_id, "timeout_s": self.step_timeout_s},
-                                            timeout_s=120)
+                return self._server.reset(task_id, self.step_timeout_s)
             except ServerDied:
                 if attempt == 2:
                     raise
@@ -282,11 +292,9 @@ class AppWorldEnv(CodeStepEnv):
         return self._server is not None and self._server.alive
 
     def _restart(self) -> None:
-        """A fresh server with the task loaded (the base class then replays the blocks)."""
+        """The task reloaded in the world and a fresh shell, its dead processes restarted
+        (the base class then replays the blocks)."""
         self.recoveries += 1
-        if self._server is None:
-            self._server = self.pool.acquire()
-        self._server.restart()
         self._load(self.task.id)
 
     def _fatal(self, message: str) -> Execution:
