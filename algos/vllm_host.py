@@ -75,11 +75,11 @@ class EngineHost:
                stop_token_ids: list[int]) -> list[tuple[list[int], list[float], bool]]:
         """One continuation per prompt (token ids), with the log-prob of each sampled token;
         request i is seeded ``seed + i``. All requests carry the current adapter."""
-        from vllm import SamplingParams
-
         if self._lora is None:
             raise RuntimeError("no LoRA adapter loaded: call load_adapter first (a base-only request would "
                                "share a batch with adapter ones)")
+        from vllm import SamplingParams
+
         params = [SamplingParams(temperature=temperature, top_p=1.0, top_k=-1, max_tokens=max(1, int(n)), logprobs=0,
                                  stop_token_ids=list(stop_token_ids), seed=seed + i, skip_special_tokens=False)
                   for i, n in enumerate(max_new_tokens)]

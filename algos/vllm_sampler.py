@@ -69,6 +69,18 @@ def start_engine(model_path: str, *, dtype: str = "float32", max_model_len: int 
     return host, info
 
 
+# The ranks vLLM sizes its LoRA slots for (``max_lora_rank`` must be one of them).
+LORA_RANK_SLOTS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_rank_slot(rank: int) -> int:
+    """The smallest LoRA slot of vLLM's that holds an adapter of ``rank``."""
+    for slot in LORA_RANK_SLOTS:
+        if rank <= slot:
+            return slot
+    raise ValueError(f"LoRA rank {rank} is above vLLM's largest ({LORA_RANK_SLOTS[-1]})")
+
+
 def adapter_files(adapter_dir: str | Path) -> dict[str, bytes]:
     """PEFT's adapter files (config and weights) as bytes, for an engine on any node."""
     folder = Path(adapter_dir)
