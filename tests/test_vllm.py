@@ -217,3 +217,58 @@ def test_an_adapter_swap_changes_the_samples_and_swapping_back_restores_them(eng
     assert len({first_id, random_id, back_id}) == 3, "every load gets a new LoRA id"
     assert sum(a != b for a, b in zip(zero, swapped)) >= 4, "the random adapter did not change the samples"
     assert back == zero, "the zero adapter, loaded again, samples as before"
+
+
+@pytest.fixture(scope="module")
+def vllm_server(vllm_python, smollm2):
+    sys.path.insert(0, os.path.dirname(__file__))
+    from vllm_server import VLLMServer
+
+    with VLLMServer(vllm_python, smollm2, cache_root=str(VLLMRuntime().cache_dir)) as server:
+        print(f"\nvLLM server up in {server.started_s:.0f} s")
+        yield server
+
+
+@pytest.mark.timeout(2400)
+def test_the_judge_on_vllms_openai_server_probe_structured_output_errors_and_step_down(vllm_server):
+    """Against vLLM's real server: one probe finds vLLM and json_schema; the demo's group is
+    scored in fused mode with no format fallback; a schema its grammar compiler refuses comes
+    back as a 400 naming the grammar, and the judge steps down one rung (json_object, which
+    vLLM takes, ignoring the schema); an unknown model is a 404 the judge reports."""
+    import asyncio
+    import time
+
+    from draco_gym.algos.demo import scripted_episodes
+    from draco_gym.reward import DynamicRubricReward, OpenAIJudge
+    from draco_gym.reward.judges import JudgeUnavailable, forget_servers, server_profile
+    from test_judge_real_server import FORMAT_ERRORS
+
+    base_url = vllm_server.base_url
+    forget_servers()
+    judge = OpenAIJudge("smollm2-135m-instruct", base_url=base_url, api_key="sk-local", request_timeout_s=300)
+    profile = asyncio.run(judge.probe())
+    assert (profile.family, profile.format) == ("vllm", "json_schema")
+
+    episodes = scripted_episodes()
+    reward = DynamicRubricReward(judge, mode="fused", max_tokens=768, deadline_s=1800, retries=0)
+    start = time.perf_counter()
+    result = reward.score_group(episodes[0].task, episodes)
+    calls = {stage: usage.calls for stage, usage in result.usage.items()}
+    print(f"fused on vLLM: {time.perf_counter() - start:.0f} s, rewards {result.rewards}, "
+          f"{len(result.criteria)} criteria, fallbacks {result.fallbacks}, calls {calls}")
+    assert [f for f in result.fallbacks if any(e in f for e in FORMAT_ERRORS)] == []
+    assert result.criteria or result.dropped, "the group was scored against a rubric"
+    assert server_profile(base_url).format == "json_schema", "vLLM took every json_schema request"
+
+    refused = {"type": "object", "properties": {"name": {"type": "string", "pattern": "(?<=a)b"}},
+               "required": ["name"]}
+    reply = asyncio.run(judge.complete([{"role": "user", "content": "A JSON object with a name, please."}],
+                                       schema=refused, schema_name="probe", temperature=0.1, max_tokens=40))
+    assert server_profile(base_url).format == "json_object_schema", "the grammar error stepped the judge down"
+    assert reply.text.strip().startswith("{"), reply.text
+
+    stranger = OpenAIJudge("no-such-model", base_url=base_url, api_key="sk-local", request_timeout_s=60)
+    with pytest.raises(JudgeUnavailable, match="does not exist"):
+        asyncio.run(stranger.complete([{"role": "user", "content": "hi"}], schema=None, schema_name="x",
+                                      temperature=0.1, max_tokens=4))
+    forget_servers()
