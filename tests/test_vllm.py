@@ -250,7 +250,7 @@ def test_the_judge_on_vllms_openai_server_probe_structured_output_errors_and_ste
     assert (profile.family, profile.format) == ("vllm", "json_schema")
 
     episodes = scripted_episodes()
-    reward = DynamicRubricReward(judge, mode="fused", max_tokens=768, deadline_s=1800, retries=0)
+    reward = DynamicRubricReward(judge, mode="fused", max_tokens=512, deadline_s=1800, retries=0)
     start = time.perf_counter()
     result = reward.score_group(episodes[0].task, episodes)
     calls = {stage: usage.calls for stage, usage in result.usage.items()}

@@ -4,7 +4,8 @@ serving SmolLM2-135M-Instruct on 127.0.0.1, for the judge's real-server test.
     with VLLMServer(python, model) as server:
         judge = OpenAIJudge("smollm2", base_url=server.base_url, api_key="sk-local")
 
-fp32, eager, a 1 GiB KV cache (``VLLM_CPU_KVCACHE_SPACE``), a 4096-token context.
+fp32, eager, a 1 GiB KV cache (``VLLM_CPU_KVCACHE_SPACE``: 23k tokens), SmolLM2's whole 8192-token
+context (a judge prompt of up to 6144 tokens plus its answer).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from llama_server import _die_with_parent
 
 class VLLMServer:
     def __init__(self, python: str | os.PathLike, model: str, *, name: str = "smollm2-135m-instruct",
-                 max_model_len: int = 4096, startup_s: float = 900.0, cache_root: str | None = None) -> None:
+                 max_model_len: int = 8192, startup_s: float = 900.0, cache_root: str | None = None) -> None:
         self.python, self.model, self.name = str(python), model, name
         self.max_model_len, self.startup_s, self.cache_root = max_model_len, startup_s, cache_root
         self.base_url = ""
