@@ -1,0 +1,27 @@
+"""Training: credit rules, the run schema, the policy code, and the trainers built on it.
+
+Rooms, by what they import (each imports only the ones above it; ``tests/test_import_graph.py``
+checks there is no cycle and that only ``rllib/`` imports Ray):
+
+    config.py      the run schema: every knob with its default, bound and meaning, the YAML
+                   loader (pydantic and yaml only; ``python -m draco_gym.algos.config``)
+    evaluation.py  evaluation statistics: rates with 95% intervals, pass@k, pass^k
+    credit/        credit rules: a group's verdicts -> per-step advantages (numpy only)
+    policy/        the policy without a trainer framework (torch, transformers, peft): chat
+                   layout, samplers, the multi-turn rollout loop, token batches, prefix
+                   sharing, the GRPO loss and its gradient, model loading and LoRA, the
+                   supervised warm start, the policy as its own judge
+    rllib/         the RLlib trainer, the only room that imports Ray: ``GRPO`` and
+                   ``GRPOConfig``, the env runner, learner and RL module, result reporting,
+                   the Ray session, whole runs through Tune
+    trl.py         the same rollouts and credit inside TRL's ``GRPOTrainer``
+    cli/           the commands: ``draco-gym train``, ``eval``, ``sft``, ``demo``, ``setup model``
+
+Where to start: ``rllib/grpo.py`` (``GRPO.training_step`` is one iteration: sample, score,
+credit, update, sync), then ``policy/rollout.py`` (the episodes) and ``policy/loss.py`` (the
+loss). ``learning.py`` is the Corridor setting of the learning test and bench.
+"""
+
+from draco_gym.algos import _moved
+
+_moved.install()  # the pre-rooms import paths, for one release

@@ -97,7 +97,7 @@ class NamedSection(_Section):
 
 class PolicyJudgeOptions(_Section):
     """``reward.options.judge: {name: policy, ...}``: the self-judge (the policy judges its own
-    rollouts, ``draco_gym.algos.policy_judge``). The paper's cheap variant is ``thinking: off``
+    rollouts, ``draco_gym.algos.policy.self_judge``). The paper's cheap variant is ``thinking: off``
     with ``score_samples: 1`` beside it in ``reward.options``."""
 
     name: Literal["policy"] = "policy"
@@ -194,7 +194,7 @@ def check_credit_options(name: str, options: dict[str, Any]) -> None:
 
 
 class LossConfig(_Section):
-    """The policy loss's knobs (``algos/loss.py``)."""
+    """The policy loss's knobs (``algos/policy/loss.py``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -302,11 +302,15 @@ class LoggingSection(_Section):
         return data
 
 
+# The groups of a result, RLlib's new API stack shape (``rllib/reporting.py`` fills them).
+RESULT_GROUPS = ("env_runners", "learners", "judge", "credit", "timers")
+# Top-level keys of every result (Tune's and RLlib's), usable as stop criteria too.
+RESULT_TOP_KEYS = ("training_iteration", "time_this_iter_s", "time_total_s", "num_training_step_calls_per_iteration")
+
+
 def check_stop(stop: dict[str, float]) -> dict[str, float]:
     """Stop criteria are result keys as Tune spells them (``env_runners/episode_return_mean``):
     a top-level key or one under a result group."""
-    from draco_gym.algos.reporting import RESULT_GROUPS, RESULT_TOP_KEYS
-
     for key in stop:
         if key in RESULT_TOP_KEYS or (key.split("/", 1)[0] in RESULT_GROUPS and "/" in key):
             continue
@@ -319,7 +323,7 @@ def check_stop(stop: dict[str, float]) -> dict[str, float]:
 
 
 class WarmStartSection(_Section):
-    """A supervised LoRA warm start on reference solutions before GRPO (``draco_gym.algos.sft``)."""
+    """A supervised LoRA warm start on reference solutions before GRPO (``draco_gym.algos.policy.sft``)."""
 
     epochs: int = Field(0, ge=0, description="passes over the demonstrations (0: no warm start; GRPO starts "
                                              "from policy.model)")

@@ -1,5 +1,6 @@
-"""What a run shows about learning: before/after evaluations with confidence intervals, and
-plain statements when a run could not have learned or cannot tell.
+"""Evaluation statistics: what a run shows about learning (before/after rates with confidence
+intervals, plain statements when a run could not have learned or cannot tell), and the
+rates of ``draco-gym eval`` (pass@k, pass^k, their mean over checkpoints).
 
     before = episode_summary(algo.rollout(held_out, group_size=k, seed=s))
     ...train...
@@ -14,7 +15,10 @@ that interval holds zero the notes say the evaluation had too few episodes to te
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
+
+from draco_gym.metrics import pass_at_k, pass_hat_k
 
 Z95 = 1.959964
 
@@ -102,3 +106,61 @@ def no_update_note(rows: Iterable[dict]) -> str | None:
     if not flat:
         return None
     return f"no update in {flat} of {len(rows)} iterations: every group had equal rewards"
+
+
+# -- draco-gym eval: pass@k and pass^k over n runs per task ------------------------------
+
+
+def eval_summary(groups: list[dict], success_metric: str, *, scenarios: bool = False) -> dict:
+    """One run's metrics over its groups (one group = the n episodes of one task): success
+    rate, pass@k and pass^k for k = 1..n, termination shares, turns, the reward's mean.
+    ``scenarios``: also AppWorld's SGC, the share of scenarios all of whose episodes passed."""
+    per_task, terms, turns, rewards = [], Counter(), [], []
+    results = []
+    for group in groups:
+        trajs = group["trajectories"]
+        wins = [bool(t.metrics.get(success_metric, False)) for t in trajs]
+        per_task.append((len(wins), sum(wins)))
+        results += [{"task_id": group["task_id"], "success": w} for w in wins]
+        for t in trajs:
+            terms[t.termination] += 1
+            turns.append(len(t.steps))
+        if group.get("score") is not None:
+            rewards.extend(group["score"].rewards)
+    n_eps = sum(n for n, _ in per_task) or 1
+    k_max = min((n for n, _ in per_task), default=0)
+    out = {
+        "tasks": len(per_task),
+        "episodes": sum(n for n, _ in per_task),
+        "success_rate": sum(c for _, c in per_task) / n_eps,
+        "turns_mean": sum(turns) / max(len(turns), 1),
+        "termination": {k: v / n_eps for k, v in terms.items()},
+    }
+    for k in range(1, k_max + 1):
+        out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for n, c in per_task) / max(len(per_task), 1)
+        out[f"pass^{k}"] = sum(pass_hat_k(n, c, k) for n, c in per_task) / max(len(per_task), 1)
+    if scenarios and results:
+        from draco_gym.envs.appworld.metrics import sgc
+
+        out["sgc"] = sgc(results)
+    if rewards:
+        out["reward_mean"] = sum(rewards) / len(rewards)
+    return out
+
+
+def mean_summary(summaries: list[dict]) -> dict:
+    """Each metric's mean over several runs (checkpoints): numbers that every run reports,
+    and the termination shares key by key (a mode a run never hit counts as 0 there)."""
+    if not summaries:
+        raise ValueError("no runs to average")
+    out: dict = {}
+    for key, value in summaries[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and all(
+                isinstance(s.get(key), (int, float)) for s in summaries):
+            out[key] = sum(s[key] for s in summaries) / len(summaries)
+    modes = sorted({m for s in summaries for m in s.get("termination", {})}, key=str)
+    if modes:
+        out["termination"] = {m: sum(s.get("termination", {}).get(m, 0.0) for s in summaries) / len(summaries)
+                              for m in modes}
+    out["runs"] = len(summaries)
+    return out

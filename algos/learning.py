@@ -2,7 +2,7 @@
 ``bench/learning.py`` (the trainer's CartPole).
 
 A tiny random Llama is built on the spot with a tokenizer trained on Corridor text, then
-warm-started (``draco_gym.algos.sft``) on demonstrations that open random doors: the
+warm-started (``draco_gym.algos.policy.sft``) on demonstrations that open random doors: the
 policy writes well-formed ``open_door(n)`` blocks but chooses at chance. GRPO with the
 ``corridor`` rubric must then raise the success rate, which only the pivotal step decides.
 
@@ -58,10 +58,10 @@ def build_corridor_policy(path: str | Path, *, seed: int = 0, demos_per_task: in
     import torch
     from transformers import AutoTokenizer
 
-    from draco_gym.algos.chat import ChatFormat
-    from draco_gym.algos.models import build_tiny_llama
-    from draco_gym.algos.module import load_causal_lm
-    from draco_gym.algos.sft import demonstration, train_supervised
+    from draco_gym.algos.policy.chat import ChatFormat
+    from draco_gym.algos.policy.models import build_tiny_llama
+    from draco_gym.algos.policy.lm import load_causal_lm
+    from draco_gym.algos.policy.sft import demonstration, train_supervised
     from draco_gym.envs.corridor import CorridorEnv
 
     path = Path(path)
@@ -107,7 +107,7 @@ def corridor_config(model: str | Path, *, credit: str = "draco", p: float = 0.0,
     """The GRPO config of the learning test: the Corridor, the ``corridor`` rubric with
     wrong-citation probability ``p`` (and any other ``reward_options``, e.g. ``traps``),
     and the given credit rule."""
-    from draco_gym.algos.grpo import GRPOConfig
+    from draco_gym.algos.rllib.grpo import GRPOConfig
 
     return (
         GRPOConfig()

@@ -105,7 +105,7 @@ def prompt_tokens():
     try:
         from transformers import AutoTokenizer
 
-        from draco_gym.algos.models import resolve_model
+        from draco_gym.algos.policy.models import resolve_model
 
         tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct"), local_files_only=True)
         return (lambda messages: list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # prompt prefixes a server can reuse within a group: the task alone, and the task with
         # the agent prompt an AppWorld task carries (the demo's), which every call repeats
-        from draco_gym.algos.demo import scripted_episodes
+        from draco_gym.algos.cli.demo import scripted_episodes
 
         appworld_prompt = scripted_episodes()[0].task.agent_prompt
         tokens, unit = prompt_tokens()

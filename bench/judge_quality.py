@@ -540,7 +540,7 @@ def make_judge(args: argparse.Namespace) -> tuple[Any, str]:
         judge = OpenAIJudge(args.model, base_url=args.base_url, api_key_env=args.api_key_env or "OPENAI_API_KEY",
                             request_timeout_s=args.request_timeout, **options)
         return judge, f"{args.model} at {args.base_url}"
-    from draco_gym.algos.models import resolve_model
+    from draco_gym.algos.policy.models import resolve_model
     from draco_gym.reward import TransformersJudge
 
     if args.threads:

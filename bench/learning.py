@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -124,13 +123,12 @@ def main(argv: list[str] | None = None) -> int:
         report(runs, [p for p in ps if any(r["p"] == p for r in runs)], rules, args)
         return 0
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    import ray
-
+    from draco_gym.algos.config import ResourcesSection
     from draco_gym.algos.learning import ENV_CONFIG, build_corridor_policy, corridor_config
+    from draco_gym.algos.rllib.session import start_ray, stop_ray
 
     out = Path(args.out)
-    ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False)
+    start_ray(ResourcesSection(ray_num_cpus=2, object_store_memory_mb=80))
     start = time.perf_counter()
     env_config = {**ENV_CONFIG, "n_rooms": args.rooms, "trap_doors": trap_doors}
     policy = build_corridor_policy(Path(args.policy or tempfile.mkdtemp(prefix="corridor_policy_")), env_config=env_config)
@@ -151,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                 out.write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1))  # progress so far
                 print(f"p={p:.1f} {rule:<8} seed {seed}: {iters:>3} iterations{'' if reached else ' (not reached)'}"
                       f"  ({time.perf_counter() - start:5.0f} s)", flush=True)
-    ray.shutdown()
+    stop_ray()
 
     report(runs, ps, rules, args)
     return 0

@@ -33,7 +33,7 @@ import time
 # Sleeping, not spinning, OpenMP threads (see --speed); read when torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from draco_gym.algos.demo import scripted_episodes
+from draco_gym.algos.cli.demo import scripted_episodes
 from draco_gym.reward.answers import STAGES, InvalidAnswer, parse_answer
 
 
@@ -93,7 +93,7 @@ def measure_speed(model: str, prompt_tokens: int, new_tokens: int) -> dict:
     process (whatever its OpenMP settings)."""
     import torch
 
-    from draco_gym.algos.models import resolve_model
+    from draco_gym.algos.policy.models import resolve_model
     from draco_gym.reward.judges import TransformersJudge
     from draco_gym.reward.local_judge import _generate
 
@@ -162,7 +162,7 @@ def main() -> None:
 
     import torch
 
-    from draco_gym.algos.models import resolve_model
+    from draco_gym.algos.policy.models import resolve_model
     from draco_gym.reward.judges import TransformersJudge
 
     torch.set_num_threads(2)

@@ -23,7 +23,7 @@ import gymnasium as gym
 
 import draco_gym  # noqa: F401 - registers the environments
 from draco_gym.algos.credit import get_credit_rule, group_advantages
-from draco_gym.algos.demo import AGENTS, _code
+from draco_gym.algos.cli.demo import AGENTS, _code
 from draco_gym.report import build_report
 from draco_gym.reward import build_reward
 

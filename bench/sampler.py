@@ -39,7 +39,7 @@ def lora_adapter(model_path: str, folder: str):
     """SmolLM2 with a seeded, non-zero LoRA adapter (saved to ``folder`` for vLLM)."""
     import torch
 
-    from draco_gym.algos.module import add_lora, load_causal_lm
+    from draco_gym.algos.policy.lm import add_lora, load_causal_lm
 
     lm = add_lora(load_causal_lm(model_path), {"r": 16, "alpha": 32}, seed=1)
     generator = torch.Generator().manual_seed(5)
@@ -64,13 +64,12 @@ def timed(sampler, prompts, budget: int, repeats: int) -> tuple[float, int]:
 
 
 def sampling(args, model_path: str) -> tuple[float, float]:
-    import ray
     import torch
     from transformers import AutoTokenizer
 
-    from draco_gym.algos.chat import eos_token_ids
-    from draco_gym.algos.generation import TorchSampler
-    from draco_gym.algos.vllm_sampler import VLLMSampler, start_engine, stop_engine
+    from draco_gym.algos.policy.chat import eos_token_ids
+    from draco_gym.algos.policy.generation import TorchSampler
+    from draco_gym.algos.rllib.vllm_sampler import VLLMSampler, start_engine, stop_engine
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     prompts = chat_prompts(tokenizer, args.prompts)
@@ -98,8 +97,8 @@ def sampling(args, model_path: str) -> tuple[float, float]:
 
 
 def iteration(args, model_path: str) -> None:
-    from draco_gym.algos.grpo import GRPOConfig
-    from draco_gym.algos.reporting import PHASES
+    from draco_gym.algos.rllib.grpo import GRPOConfig
+    from draco_gym.algos.rllib.reporting import PHASES
 
     rows = {}
     for sampler in ("torch", "vllm"):
@@ -142,18 +141,15 @@ def main() -> int:
     parser.add_argument("--skip", action="append", default=[], choices=["iteration"])
     args = parser.parse_args()
 
-    import ray
-
-    from draco_gym.algos.models import resolve_model
+    from draco_gym.algos.config import ResourcesSection
+    from draco_gym.algos.policy.models import resolve_model
+    from draco_gym.algos.rllib.session import ray_session
 
     model_path = resolve_model(args.model)
-    ray.init(num_cpus=2, object_store_memory=200 * 2**20, include_dashboard=False, log_to_driver=False)
-    try:
+    with ray_session(ResourcesSection(ray_num_cpus=2, object_store_memory_mb=200)):
         torch_rate, vllm_rate = sampling(args, model_path)
         if "iteration" not in args.skip:
             iteration(args, model_path)
-    finally:
-        ray.shutdown()
     print(f"sampling tokens/s vLLM/torch: {vllm_rate / torch_rate:.2f}x ({vllm_rate:.1f} vs {torch_rate:.1f})")
     return 0
 

@@ -24,16 +24,15 @@ The last line holds the headline ratios: 2 runners / 1 runner episodes/s, and 1 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
 
-import ray.cloudpickle
-
+from draco_gym.algos.config import ResourcesSection
+from draco_gym.algos.rllib.session import ray_session, ship_by_value
 from draco_gym.envs.corridor import CorridorEnv
 
-ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the env runners build SlowCorridor
+ship_by_value(sys.modules[__name__])  # the env runners build SlowCorridor
 
 
 class SlowCorridor(CorridorEnv):
@@ -64,7 +63,7 @@ def parse() -> argparse.Namespace:
 
 
 def model_path(name: str) -> str:
-    from draco_gym.algos.models import build_tiny_llama, resolve_model
+    from draco_gym.algos.policy.models import build_tiny_llama, resolve_model
 
     if name == "tiny":
         return str(build_tiny_llama(tempfile.mkdtemp(prefix="draco_bench_tiny_")))
@@ -72,7 +71,7 @@ def model_path(name: str) -> str:
 
 
 def make_config(args, path: str, *, env_runners: int, learners: int):
-    from draco_gym.algos.grpo import GRPOConfig
+    from draco_gym.algos.rllib.grpo import GRPOConfig
 
     return (
         GRPOConfig()
@@ -143,17 +142,11 @@ def bench_learner(args, path: str) -> dict[int, dict]:
 
 
 def main() -> None:
-    import ray
-
     args = parse()
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     path = model_path(args.model)
-    ray.init(num_cpus=2, object_store_memory=128 * 2**20, include_dashboard=False, log_to_driver=False)
-    try:
+    with ray_session(ResourcesSection(ray_num_cpus=2, object_store_memory_mb=128)):
         rollout = bench_rollout(args, path) if "rollout" not in args.skip else None
         learner = bench_learner(args, path) if "learner" not in args.skip else None
-    finally:
-        ray.shutdown()
     headline = []
     if rollout:
         print(f"\n== rollouts: {args.tasks} tasks x G={args.group_size}, {args.max_turns} steps each, "

@@ -34,7 +34,6 @@ line is the learner speedup at G = 6. Goal: >= 2x.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -72,7 +71,7 @@ def parse() -> argparse.Namespace:
 
 
 def model_path(name: str) -> str:
-    from draco_gym.algos.models import build_tiny_llama, resolve_model
+    from draco_gym.algos.policy.models import build_tiny_llama, resolve_model
 
     if name == "tiny":
         return str(build_tiny_llama(tempfile.mkdtemp(prefix="draco_bench_tiny_")))
@@ -80,20 +79,17 @@ def model_path(name: str) -> str:
 
 
 def bench_iteration(args, path: str) -> None:
-    import ray
+    from draco_gym.algos.config import ResourcesSection
+    from draco_gym.algos.rllib.session import ray_session
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=2, object_store_memory=128 * 2**20, include_dashboard=False, log_to_driver=False)
-    try:
+    with ray_session(ResourcesSection(ray_num_cpus=2, object_store_memory_mb=128)):
         modes = {"on": [True], "off": [False], "both": [False, True]}[args.share_prefix]
         for share in modes:
             report_iterations(args, run_iterations(args, path, share), share)
-    finally:
-        ray.shutdown()
 
 
 def run_iterations(args, path: str, share_prefix: bool) -> list[dict]:
-    from draco_gym.algos.grpo import GRPOConfig
+    from draco_gym.algos.rllib.grpo import GRPOConfig
 
     config = (
         GRPOConfig()
@@ -140,10 +136,10 @@ def bench_generation(args, path: str) -> None:
     from transformers import AutoTokenizer
 
     import draco_gym  # noqa: F401
-    from draco_gym.algos.chat import ChatFormat, eos_token_ids
-    from draco_gym.algos.generation import TorchSampler
-    from draco_gym.algos.module import add_lora, load_causal_lm
-    from draco_gym.algos.rollout import Episode, EpisodeLimits, run_episodes
+    from draco_gym.algos.policy.chat import ChatFormat, eos_token_ids
+    from draco_gym.algos.policy.generation import TorchSampler
+    from draco_gym.algos.policy.lm import add_lora, load_causal_lm
+    from draco_gym.algos.policy.rollout import Episode, EpisodeLimits, run_episodes
 
     torch.set_num_threads(args.threads)
     tok = AutoTokenizer.from_pretrained(path)
@@ -252,10 +248,10 @@ def model_flops(config, lengths, policy_tokens: int, shared: int = 0) -> float:
 def bench_learner(args) -> None:
     import torch
 
-    from draco_gym.algos.learner import accumulate_gradients, recompute_logprobs
+    from draco_gym.algos.policy.gradients import accumulate_gradients, recompute_logprobs
     from draco_gym.algos.config import LossConfig
-    from draco_gym.algos.module import HFPolicyModule
-    from draco_gym.algos.prefix import prefix_groups
+    from draco_gym.algos.rllib.module import HFPolicyModule
+    from draco_gym.algos.policy.prefix import prefix_groups
 
     torch.set_num_threads(args.learner_threads)
     path = learner_model(args.learner_model, args.learner_layers)

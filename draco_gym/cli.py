@@ -13,11 +13,11 @@ import sys
 
 # name -> (module, one-line help). Order is the order of --help.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("draco_gym.algos.train_cli", "train a policy with GRPO and step credit from a YAML config (RLlib + Tune)"),
-    "sft": ("draco_gym.algos.sft_cli", "supervised LoRA warm start on the train tasks' reference solutions, before GRPO"),
-    "eval": ("draco_gym.algos.eval_cli", "evaluate a checkpoint on the config's eval tasks: success, pass@k, pass^k"),
+    "train": ("draco_gym.algos.cli.train", "train a policy with GRPO and step credit from a YAML config (RLlib + Tune)"),
+    "sft": ("draco_gym.algos.cli.sft", "supervised LoRA warm start on the train tasks' reference solutions, before GRPO"),
+    "eval": ("draco_gym.algos.cli.eval", "evaluate a checkpoint on the config's eval tasks: success, pass@k, pass^k"),
     "report": ("draco_gym.report", "write a run's HTML report: metrics, each group's rubric and verdicts, each rollout's cited steps and credit"),
-    "demo": ("draco_gym.algos.demo", "score a group of scripted PythonTools episodes with the rule rubric and print their step credit"),
+    "demo": ("draco_gym.algos.cli.demo", "score a group of scripted PythonTools episodes with the rule rubric and print their step credit"),
     "bench": ("draco_gym.bench.credit_quality", "benchmarks: `bench credit` compares the credit rules on synthetic tasks"),
     "setup": ("draco_gym.setup_cli", "prepare now what a first run needs: `setup appworld` (the AppWorld engine and its offline task suite), `setup model` (the quickstart policy's weights), `setup vllm` (vLLM's own environment)"),
 }

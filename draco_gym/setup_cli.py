@@ -13,8 +13,8 @@ import importlib
 
 TARGETS: dict[str, tuple[str, str]] = {
     "appworld": ("draco_gym.envs.appworld.setup_cli", "the AppWorld engine's runtime and its offline task suite"),
-    "model": ("draco_gym.algos.setup_cli", "the SmolLM2-135M-Instruct weights of the quickstart policy"),
-    "vllm": ("draco_gym.algos.vllm_runtime", "vLLM's own environment for `sampler: vllm` (CPU or GPU build, or --python)"),
+    "model": ("draco_gym.algos.cli.setup_model", "the SmolLM2-135M-Instruct weights of the quickstart policy"),
+    "vllm": ("draco_gym.algos.cli.setup_vllm", "vLLM's own environment for `sampler: vllm` (CPU or GPU build, or --python)"),
 }
 
 

@@ -622,7 +622,7 @@ class TransformersJudge:
 
     The default local judge, SmolLM2-135M-Instruct constrained::
 
-        from draco_gym.algos.models import resolve_model
+        from draco_gym.algos.policy.models import resolve_model
         judge = TransformersJudge(str(resolve_model("smollm2-135m-instruct")))
     """
 

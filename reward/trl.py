@@ -19,7 +19,7 @@ string (one step) or a list of messages (each assistant message a step, the mess
 after it its observation). A ``task_id`` column, when present, names the task (the
 dynamic reward caches its proposed criteria per task); a ``metrics`` column of dicts
 feeds the outcome reward. A ``trajectory`` column (``Trajectory`` objects, as
-``draco_gym.algos.trl_rollout.EnvRollout`` returns for whole multi-turn episodes played in
+``draco_gym.algos.trl.EnvRollout`` returns for whole multi-turn episodes played in
 a draco-gym environment) is scored as it is, instead of converting the completion.
 
 When to use which: completions TRL generates itself are single-turn text and nothing runs
@@ -101,7 +101,7 @@ class TRLReward:
             raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
         ids = columns.get("task_id")
         metrics = columns.get("metrics")
-        played = columns.get("trajectory")  # whole episodes from a rollout_func (algos/trl_rollout.py)
+        played = columns.get("trajectory")  # whole episodes from a rollout_func (algos/trl.py)
         groups: list[tuple[Task, list[Trajectory]]] = []
         previous = object()
         for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):

@@ -16,6 +16,6 @@ def ray_session():
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     """A random-init Llama with a byte-level BPE tokenizer trained here: no download."""
-    from draco_gym.algos.models import build_tiny_llama
+    from draco_gym.algos.policy.models import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("tiny"))

@@ -50,7 +50,7 @@ class LlamaServer:
             import llama_cpp.server  # noqa: F401
         except ImportError as exc:
             raise LlamaServerMissing(f"llama-cpp-python[server] is not installed (pip install -e '.[llamacpp]'): {exc}") from None
-        from draco_gym.algos.models import smollm2_gguf
+        from draco_gym.algos.policy.models import smollm2_gguf
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

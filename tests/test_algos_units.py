@@ -11,16 +11,17 @@ import pytest
 import torch
 
 import draco_gym  # noqa: F401
-from draco_gym.algos.batch import micro_batches, token_batch
-from draco_gym.algos.chat import ChatFormat
+from draco_gym.algos.policy.batch import micro_batches, token_batch
+from draco_gym.algos.policy.chat import ChatFormat
 from draco_gym.algos.credit import apply_credit, get_credit_rule
-from draco_gym.algos.generation import Sample, TorchSampler
+from draco_gym.algos.policy.generation import Sample, TorchSampler
 from draco_gym.algos.config import LossConfig
-from draco_gym.algos.loss import grpo_loss
-from draco_gym.algos.models import build_tiny_llama
-from draco_gym.algos.module import HFPolicyModule, token_logprobs
-from draco_gym.algos.reporting import PHASES, iteration_metrics
-from draco_gym.algos.rollout import Episode, EpisodeLimits, run_episodes
+from draco_gym.algos.policy.loss import grpo_loss
+from draco_gym.algos.policy.models import build_tiny_llama
+from draco_gym.algos.policy.lm import token_logprobs
+from draco_gym.algos.rllib.module import HFPolicyModule
+from draco_gym.algos.rllib.reporting import PHASES, iteration_metrics
+from draco_gym.algos.policy.rollout import Episode, EpisodeLimits, run_episodes
 from draco_gym.types import GAP, Criterion, GroupScore, Termination, TrajectoryScore, Verdict
 
 
@@ -259,7 +260,7 @@ def test_micro_batches_give_the_full_batch_gradient(tiny, env):
     one micro-batch and once with one trajectory per micro-batch."""
     from ray.rllib.core import DEFAULT_MODULE_ID
 
-    from draco_gym.algos.grpo import GRPOConfig
+    from draco_gym.algos.rllib.grpo import GRPOConfig
     from draco_gym.envs.base import text_space
 
     path, _ = tiny
@@ -348,7 +349,7 @@ def test_policy_judge_answers_with_the_policy_and_plugs_into_the_dynamic_reward(
     import asyncio
     from types import SimpleNamespace
 
-    from draco_gym.algos.policy_judge import PolicyJudge, build_trainer_reward
+    from draco_gym.algos.policy.self_judge import PolicyJudge, build_trainer_reward
     from draco_gym.reward import DynamicRubricReward
 
     path, tok = tiny
@@ -370,7 +371,7 @@ def test_sample_names_env_runners_that_returned_nothing():
     further on (the driver's loop reads the first runner's timers)."""
     from types import SimpleNamespace
 
-    from draco_gym.algos.grpo import GRPO
+    from draco_gym.algos.rllib.grpo import GRPO
 
     runners = SimpleNamespace(healthy_env_runner_ids=lambda: [1, 2],
                               foreach_env_runner=lambda *args, **kwargs: [])
@@ -387,10 +388,10 @@ def test_the_progress_callback_pickles_after_ray_replaced_print(tmp_path, monkey
 
     from ray import cloudpickle
 
-    from draco_gym.algos.reporting import MetricsLog
-    from draco_gym.algos.train_cli import _Progress
+    from draco_gym.algos.rllib.reporting import MetricsLog
+    from draco_gym.algos.rllib.runs import ProgressCallback
 
-    callback = _Progress(MetricsLog(tmp_path, total_iterations=2))
+    callback = ProgressCallback(MetricsLog(tmp_path, total_iterations=2))
     monkeypatch.setattr(builtins, "print", lambda *args, **kwargs: None)
     restored = cloudpickle.loads(cloudpickle.dumps(callback))
     monkeypatch.undo()

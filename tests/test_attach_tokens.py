@@ -1,4 +1,4 @@
-"""Token bookkeeping for trajectories from any loop (``algos/tokens.py``).
+"""Token bookkeeping for trajectories from any loop (``algos/policy/tokens.py``).
 
 ``attach_tokens`` must lay a trajectory out exactly as the trainer does while sampling, so the
 reference here is the trainer's own rollout loop (``rollout.run_episodes``) on a real
@@ -11,12 +11,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from draco_gym.algos.chat import ChatFormat
+from draco_gym.algos.policy.chat import ChatFormat
 from draco_gym.algos.config import EpisodeLimits
 from draco_gym.algos.credit import get_credit_rule, group_advantages, token_advantages
-from draco_gym.algos.generation import Sample
-from draco_gym.algos.rollout import Episode, run_episodes
-from draco_gym.algos.tokens import attach_tokens, pad_token_advantages
+from draco_gym.algos.policy.generation import Sample
+from draco_gym.algos.policy.rollout import Episode, run_episodes
+from draco_gym.algos.policy.tokens import attach_tokens, pad_token_advantages
 from draco_gym.reward import build_reward
 from draco_gym.types import GAP
 

@@ -48,7 +48,7 @@ def test_each_rule_runs_on_a_group(name):
 
 @pytest.mark.parametrize("name", sorted(OPTIONS))
 def test_trainer_config_selects_each_rule(name):
-    grpo = pytest.importorskip("draco_gym.algos.grpo")
+    grpo = pytest.importorskip("draco_gym.algos.rllib.grpo")
     config = grpo.GRPOConfig().training(credit=name, credit_options=OPTIONS[name])
     assert config.credit == name
     trajs, group = _group()
@@ -74,7 +74,7 @@ def test_trainer_supplies_what_only_it_has():
     model) unless the config gives them."""
     from types import SimpleNamespace
 
-    grpo = pytest.importorskip("draco_gym.algos.grpo")
+    grpo = pytest.importorskip("draco_gym.algos.rllib.grpo")
 
     def algo(credit, options):
         config = SimpleNamespace(credit=credit, credit_options=options, model_path="/models/base")
@@ -94,7 +94,7 @@ def test_shipped_configs_select_each_rule(name, monkeypatch):
     from pathlib import Path
     from types import SimpleNamespace
 
-    grpo = pytest.importorskip("draco_gym.algos.grpo")
+    grpo = pytest.importorskip("draco_gym.algos.rllib.grpo")
     from draco_gym.algos.config import load_config
 
     monkeypatch.setenv("OPENAI_API_KEY", "test-only")

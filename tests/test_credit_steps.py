@@ -168,7 +168,7 @@ def test_prover_and_the_outcome_reward_read_the_same_metric(tmp_path):
 def test_grpo_config_refuses_trace_on_the_rule_reward_too():
     ray = pytest.importorskip("ray")  # noqa: F841 - GRPOConfig is an RLlib AlgorithmConfig
     from draco_gym.algos.config import ConfigError
-    from draco_gym.algos.grpo import GRPOConfig
+    from draco_gym.algos.rllib.grpo import GRPOConfig
 
     config = (GRPOConfig().environment("draco_gym/PythonTools-v0").policy(model="smollm2-135m-instruct")
               .training(reward="rule", credit="trace"))
@@ -298,7 +298,7 @@ def test_a_two_argument_proposer_still_works():
 def test_the_trainer_builds_its_rule_with_the_configured_step_boundary():
     from types import SimpleNamespace
 
-    grpo = pytest.importorskip("draco_gym.algos.grpo")
+    grpo = pytest.importorskip("draco_gym.algos.rllib.grpo")
     config = grpo.GRPOConfig().training(turns_without_code="attach")
     assert config.turns_without_code == "attach" and grpo.GRPOConfig().turns_without_code == "trajectory"
     fake = SimpleNamespace(config=SimpleNamespace(credit="draco", turns_without_code="attach"), credit_options=dict)

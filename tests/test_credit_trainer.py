@@ -8,7 +8,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from draco_gym.algos.grpo import GRPOConfig  # noqa: E402
+from draco_gym.algos.rllib.grpo import GRPOConfig  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

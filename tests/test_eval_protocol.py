@@ -9,7 +9,8 @@ import os
 import pytest
 import yaml
 
-from draco_gym.algos.eval_cli import eval_summary, last_checkpoints, mean_summary, resolve_checkpoints
+from draco_gym.algos.cli.eval import last_checkpoints, resolve_checkpoints
+from draco_gym.algos.evaluation import eval_summary, mean_summary
 from draco_gym.cli import main
 from draco_gym.types import Task, Trajectory
 
@@ -89,7 +90,7 @@ def test_splits_the_data_lacks_are_refused_by_name(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_eval_last_checkpoints_reports_each_and_their_mean(tmp_path, capsys):
-    from draco_gym.algos.models import build_tiny_llama
+    from draco_gym.algos.policy.models import build_tiny_llama
 
     model = build_tiny_llama(tmp_path / "tiny")
     out = tmp_path / "run"

@@ -316,7 +316,7 @@ def test_the_local_limits_leave_room_for_every_stage_answer():
     not fit the local judge's budget and every stage would fall back unasked."""
     from transformers import AutoTokenizer
 
-    from draco_gym.algos.models import resolve_model
+    from draco_gym.algos.policy.models import resolve_model
     from draco_gym.reward.answers import TITLE_WORDS, answer_schema
     from draco_gym.reward.local_judge import AnswerTooLong, grammar_schema, string_budget
 

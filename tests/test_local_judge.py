@@ -146,7 +146,7 @@ def captured_messages(trajectory: Trajectory) -> list[dict[str, str]]:
 
 
 def test_policy_judge_shortens_the_rollout_middle_never_rules_task_or_criteria(tiny_tokenizer):
-    from draco_gym.algos.policy_judge import PolicyJudge
+    from draco_gym.algos.policy.self_judge import PolicyJudge
     from draco_gym.reward.local_judge import PromptTooLong, chat_ids
 
     messages = captured_messages(rollout(40, observation="observation " + "y" * 300))
@@ -169,7 +169,7 @@ def test_policy_judge_shortens_the_rollout_middle_never_rules_task_or_criteria(t
 
 def test_thinking_switch_reaches_the_chat_template(tiny_tokenizer):
     from draco_gym.algos.config import RewardSection
-    from draco_gym.algos.policy_judge import build_trainer_reward
+    from draco_gym.algos.policy.self_judge import build_trainer_reward
 
     tokenizer = tiny_tokenizer.__class__.from_pretrained(tiny_tokenizer.name_or_path)
     tokenizer.chat_template = THINKING_TEMPLATE
@@ -214,7 +214,7 @@ def test_constrained_decoding_makes_a_random_model_answer_in_schema(tiny_model):
 
 
 def test_constrained_thinking_reasons_freely_then_answers_in_schema(tmp_path):
-    from draco_gym.algos.models import build_tiny_llama
+    from draco_gym.algos.policy.models import build_tiny_llama
     from draco_gym.reward.judges import TransformersJudge
 
     path = build_tiny_llama(tmp_path / "thinker", added_tokens=["<think>", "</think>"])

@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 
-from draco_gym.algos import models
+from draco_gym.algos.policy import models
 from draco_gym.cli import main
 
 

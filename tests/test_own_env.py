@@ -52,7 +52,7 @@ def user_dir(tmp_path_factory):
 
 
 def grpo(env, **environment):
-    from draco_gym.algos.grpo import GRPOConfig
+    from draco_gym.algos.rllib.grpo import GRPOConfig
 
     return (GRPOConfig().environment(env, **environment).policy(model="unused-model-dir")
             .training(group_size=2, tasks_per_iteration=1, max_new_tokens=8)
@@ -189,7 +189,7 @@ def test_an_env_runner_error_reaches_the_driver_with_its_cause(user_dir, ray_ses
 
 TRAIN_SCRIPT = """
 import ray
-from draco_gym.algos.grpo import GRPOConfig
+from draco_gym.algos.rllib.grpo import GRPOConfig
 import my_lab.shop  # registers my_lab/Shop-v0
 
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

@@ -25,7 +25,7 @@ def test_quickstart_config_checks_and_evaluates_on_held_out_tasks(capsys):
 
 
 def test_quickstart_env_builds_and_every_train_task_has_a_working_reference():
-    from draco_gym.algos.env_runner import make_env
+    from draco_gym.algos.rllib.env_runner import make_env
 
     config = load_config(QUICKSTART)
     env = make_env(config.env.id, config.env.config)
@@ -65,7 +65,7 @@ def corridor_config(tmp_path, policy, **warm) -> Path:
 
 def test_warm_start_from_config_trains_once_and_reuses(tmp_path, capsys):
     from draco_gym.algos.learning import build_corridor_policy
-    from draco_gym.algos.sft_cli import warm_start_from_config
+    from draco_gym.algos.cli.sft import warm_start_from_config
 
     policy = build_corridor_policy(tmp_path / "policy")
     config = load_config(corridor_config(tmp_path, policy))

@@ -327,7 +327,7 @@ def test_report_of_a_real_training_run(tmp_path, browser, capsys):
     """Two iterations of the GRPO trainer (tiny random Llama, PythonTools, the rule rubric)
     through `draco-gym train`, then `draco-gym report` on its output directory."""
     yaml = pytest.importorskip("yaml")
-    from draco_gym.algos.models import build_tiny_llama
+    from draco_gym.algos.policy.models import build_tiny_llama
 
     model = build_tiny_llama(tmp_path / "tiny")
     out = tmp_path / "run"

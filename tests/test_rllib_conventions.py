@@ -5,7 +5,6 @@ Tune's W&B (offline) and MLflow (local store) logger callbacks fed by ``draco-gy
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,24 +12,20 @@ import pytest
 import yaml
 
 ray = pytest.importorskip("ray")
-import ray.cloudpickle  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent))
-import test_train_grpo  # noqa: E402 - its config and test reward (shipped to the actors by value)
-
-ray.cloudpickle.register_pickle_by_value(test_train_grpo)
+from grpo_fixtures import lora_state, make_config  # noqa: E402
 
 
 def test_result_has_rllibs_shape_and_the_adapter_opens_with_peft(ray_session, tiny_model, tmp_path):
     from ray.rllib.utils.test_utils import check_train_results_new_api_stack
 
-    from draco_gym.algos.grpo import ADAPTER_DIR
+    from draco_gym.algos.rllib.grpo import ADAPTER_DIR
 
-    algo = test_train_grpo.make_config(tiny_model, tmp_path / "run").build_algo()
+    algo = make_config(tiny_model, tmp_path / "run").build_algo()
     try:
         result = algo.train()
         ckpt = algo.save_to_path(str(tmp_path / "ckpt"))
-        trained = test_train_grpo.lora_state(algo)
+        trained = lora_state(algo)
     finally:
         algo.stop()
 
@@ -100,7 +95,7 @@ def test_an_online_wandb_key_variable_that_is_not_set_is_named(monkeypatch, tmp_
     pytest.importorskip("wandb")
     from ray.air.integrations.wandb import WandbLoggerCallback
 
-    from draco_gym.algos.reporting import tracker_callbacks
+    from draco_gym.algos.rllib.reporting import tracker_callbacks
 
     monkeypatch.delenv("DRACO_TEST_UNSET_KEY", raising=False)
     with pytest.raises(ValueError, match="DRACO_TEST_UNSET_KEY is not set"):
@@ -111,7 +106,7 @@ def test_an_online_wandb_key_variable_that_is_not_set_is_named(monkeypatch, tmp_
 
 
 def test_metrics_rows_flatten_the_result_groups():
-    from draco_gym.algos.reporting import compact, progress_line
+    from draco_gym.algos.rllib.reporting import compact, progress_line
 
     result = {"training_iteration": 2, "config": {"lr": 1.0}, "perf": {"cpu_util_percent": 50.0},
               "env_runners": {"episode_return_mean": 0.25, "termination": {"no_code": 0.5, "submitted": 0.5},

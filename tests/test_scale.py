@@ -2,7 +2,7 @@
 
 Real Ray, real RLlib ``LearnerGroup`` (two learner actors in a gloo process group) and the
 tiny random Llama on the Corridor environment. The random policy writes no code block, so
-the parity reward of ``test_train_grpo`` scores the sampled text instead: the groups have
+the parity reward of ``grpo_fixtures`` scores the sampled text instead: the groups have
 spread and the updates move the weights.
 """
 
@@ -16,12 +16,12 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from test_train_grpo import ParityReward  # noqa: E402  (shipped to the actors by value there)
+from grpo_fixtures import ParityReward  # noqa: E402  (shipped to the actors by value there)
 
-from draco_gym.algos.batch import shard_rows  # noqa: E402
+from draco_gym.algos.policy.batch import shard_rows  # noqa: E402
 from draco_gym.algos.credit.apply import apply_credit  # noqa: E402
-from draco_gym.algos.env_runner import weights_digest  # noqa: E402
-from draco_gym.algos.grpo import GRPOConfig  # noqa: E402
+from draco_gym.algos.rllib.env_runner import weights_digest  # noqa: E402
+from draco_gym.algos.rllib.grpo import GRPOConfig  # noqa: E402
 
 
 @pytest.fixture(scope="module")

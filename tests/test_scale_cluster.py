@@ -23,11 +23,11 @@ import pytest
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 
-from test_train_grpo import ParityReward  # noqa: E402  (shipped to the actors by value there)
+from grpo_fixtures import ParityReward  # noqa: E402  (shipped to the actors by value there)
 
 from draco_gym.algos.config import parse_config  # noqa: E402
-from draco_gym.algos.grpo import GRPOConfig  # noqa: E402
-from draco_gym.algos.train_cli import start_ray  # noqa: E402
+from draco_gym.algos.rllib.grpo import GRPOConfig  # noqa: E402
+from draco_gym.algos.rllib.session import start_ray  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -137,7 +137,7 @@ def run_config(model, **resources):
 
 def test_run_joins_a_cluster_and_samples_on_the_worker_node(two_node_cluster, tiny_model, monkeypatch):
     run = run_config(tiny_model, ray_address=two_node_cluster, object_store_memory_mb=100)
-    start_ray(run)
+    start_ray(run.resources)
     try:
         nodes = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
         assert len(nodes) == 2, "the run must join the two-node cluster, not start its own Ray"
@@ -159,7 +159,7 @@ def test_run_joins_a_cluster_and_samples_on_the_worker_node(two_node_cluster, ti
 
     # RAY_ADDRESS joins the same cluster when the config names none.
     monkeypatch.setenv("RAY_ADDRESS", two_node_cluster)
-    start_ray(run_config(tiny_model))
+    start_ray(run_config(tiny_model).resources)
     try:
         assert len([n for n in ray.nodes() if n["Alive"]]) == 2
     finally:

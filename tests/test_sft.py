@@ -15,11 +15,11 @@ def reference_accuracy(model_dir, task_ids) -> float:
     """Share of the tasks whose greedy episode (the real rollout loop) is the reference solution."""
     from transformers import AutoTokenizer
 
-    from draco_gym.algos.chat import ChatFormat
-    from draco_gym.algos.generation import TorchSampler
+    from draco_gym.algos.policy.chat import ChatFormat
+    from draco_gym.algos.policy.generation import TorchSampler
     from draco_gym.algos.learning import ENV_CONFIG
-    from draco_gym.algos.module import load_causal_lm
-    from draco_gym.algos.rollout import Episode, EpisodeLimits, run_episodes
+    from draco_gym.algos.policy.lm import load_causal_lm
+    from draco_gym.algos.policy.rollout import Episode, EpisodeLimits, run_episodes
     from draco_gym.envs.corridor import CorridorEnv
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from draco_gym.algos.models import build_tiny_llama
+from draco_gym.algos.policy.models import build_tiny_llama
 from draco_gym.cli import main
 
 
@@ -60,7 +60,7 @@ def test_train_then_eval_leave_every_artifact(tmp_path, capsys):
 
 
 def test_eval_metrics_by_hand():
-    from draco_gym.algos.eval_cli import pass_at_k, pass_hat_k
+    from draco_gym.metrics import pass_at_k, pass_hat_k
 
     # 4 episodes, 1 success: pass@2 = 1 - C(3,2)/C(4,2) = 1/2; pass^2 = C(1,2)/C(4,2) = 0
     assert pass_at_k(4, 1, 2) == pytest.approx(0.5)

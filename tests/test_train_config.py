@@ -102,7 +102,7 @@ def test_cli_rejects_a_missing_model_before_ray(tmp_path, capsys):
 
 
 def test_grpo_config_carries_every_section(tmp_path):
-    from draco_gym.algos.grpo import GRPOConfig
+    from draco_gym.algos.rllib.grpo import GRPOConfig
 
     config = load_config(write(tmp_path, {**MINIMAL, "rollout": {"group_size": 5}, "credit": {"name": "uniform"},
                                           "optim": {"kl_coeff": 0.0, "minibatch_size": 4}}))
@@ -117,7 +117,7 @@ def test_grpo_config_carries_every_section(tmp_path):
 def test_every_knob_is_declared_once_with_a_meaning():
     """GRPOConfig's knobs are the schema's fields: same defaults, each with a description."""
     from draco_gym.algos.config import KNOBS, EpisodeLimits, LossConfig, RunConfig, knob_defaults
-    from draco_gym.algos.grpo import GRPOConfig
+    from draco_gym.algos.rllib.grpo import GRPOConfig
 
     config = GRPOConfig()
     for attr, value in knob_defaults().items():
@@ -146,7 +146,7 @@ def test_every_knob_is_declared_once_with_a_meaning():
     ],
 )
 def test_grpo_config_validate_names_the_attribute(build, words):
-    from draco_gym.algos.grpo import GRPOConfig
+    from draco_gym.algos.rllib.grpo import GRPOConfig
 
     config = build(GRPOConfig().environment("draco_gym/PythonTools-v0").policy(model="/models/x"))
     with pytest.raises(ConfigError) as err:
@@ -157,7 +157,7 @@ def test_grpo_config_validate_names_the_attribute(build, words):
 
 
 def test_grpo_config_rejects_an_unknown_keyword_with_a_hint():
-    from draco_gym.algos.grpo import GRPOConfig
+    from draco_gym.algos.rllib.grpo import GRPOConfig
 
     with pytest.raises(TypeError, match="unknown keyword 'group_sise'; did you mean 'group_size'"):
         GRPOConfig().training(group_sise=4)
@@ -171,7 +171,7 @@ def test_importing_the_trainer_registers_nothing_with_tune():
     import subprocess
     import sys
 
-    probe = ("import draco_gym.algos.grpo; from ray.rllib.algorithms.registry import ALGORITHMS; "
+    probe = ("import draco_gym.algos.rllib.grpo; from ray.rllib.algorithms.registry import ALGORITHMS; "
              "import sys; sys.exit('registered on import' if 'GRPO' in ALGORITHMS else 0)")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]

@@ -1,68 +1,23 @@
 """GRPO on real Ray/RLlib: a tiny random Llama (LoRA) on the PythonTools environment.
 
 The random policy never writes a code block, so every rubric reward would tie and every
-advantage would be 0; the test reward below scores the sampled text instead, so that the
-groups have spread and the updates move the weights.
+advantage would be 0; the test reward (``grpo_fixtures.ParityReward``) scores the sampled
+text instead, so that the groups have spread and the updates move the weights.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray")
-import ray.cloudpickle  # noqa: E402
-
 from ray.rllib.algorithms.algorithm import Algorithm  # noqa: E402
 
-from draco_gym.algos.grpo import GRPO, GRPOConfig  # noqa: E402
-from draco_gym.reward import RubricReward  # noqa: E402
-from draco_gym.types import Criterion, GroupScore, TrajectoryScore, Verdict  # noqa: E402
+from grpo_fixtures import lora_state, make_config, runner_state  # noqa: E402
 
-# The env runner actors unpickle the test reward: ship this module by value.
-ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-class ParityReward(RubricReward):
-    """One verdict per step: the step passes when the sum of its sampled token ids is even."""
-
-    async def ascore_group(self, task, trajectories):
-        scores = []
-        for traj in trajectories:
-            sums = {}
-            for token, step in zip(traj.token_ids, traj.token_step):
-                sums[step] = sums.get(step, 0) + token
-            verdicts = [Verdict(criterion="even", score=1 if sums.get(s.index, 0) % 2 == 0 else -1,
-                                cited_steps=[s.index]) for s in traj.steps]
-            scores.append(TrajectoryScore.from_verdicts(verdicts))
-        return GroupScore(criteria=[Criterion(title="even")], scores=scores)
-
-
-def make_config(model, out_dir) -> GRPOConfig:
-    return (
-        GRPOConfig()
-        .environment("draco_gym/PythonTools-v0", env_config={"max_turns": 2})
-        .policy(model=str(model), lora={"r": 4, "alpha": 8})
-        .training(group_size=3, tasks_per_iteration=2, max_new_tokens=12, max_response_tokens=200,
-                  reward=ParityReward, credit="draco", lr=5e-3, kl_coeff=0.05, minibatch_size=None,
-                  micro_batch_tokens=400, output_dir=str(out_dir))
-        .env_runners(num_env_runners=1, num_cpus_per_env_runner=1)
-        .learners(num_learners=0)
-        .debugging(seed=7, log_level="ERROR")
-    )
-
-
-def lora_state(algo) -> dict:
-    state = algo.learner_group.get_state(components="learner/rl_module", inference_only=True)
-    return state["learner"]["rl_module"]["default_policy"]
-
-
-def runner_state(algo) -> dict:
-    return algo.env_runner_group.foreach_env_runner(lambda r: r.module.get_state(), local_env_runner=False)[0]
-
+from draco_gym.algos.rllib.grpo import GRPO, GRPOConfig  # noqa: E402
 
 def test_two_iterations_checkpoint_and_exact_resume(ray_session, tiny_model, tmp_path):
     algo = make_config(tiny_model, tmp_path / "run").build_algo()
@@ -121,7 +76,7 @@ def test_restore_puts_the_checkpoint_policy_on_every_env_runner(ray_session, tin
     request per runner at a time), and a runner would keep its newer weights anyway."""
     import time
 
-    from draco_gym.algos.env_runner import weights_digest
+    from draco_gym.algos.rllib.env_runner import weights_digest
 
     algo = make_config(tiny_model, tmp_path / "run").build_algo()
     try:
@@ -160,7 +115,7 @@ def test_tune_runs_one_iteration(ray_session, tiny_model, tmp_path):
     from ray import tune
     from ray.rllib.utils.test_utils import check_train_results_new_api_stack
 
-    from draco_gym.algos.grpo import register_with_tune
+    from draco_gym.algos.rllib.grpo import register_with_tune
 
     register_with_tune()  # the one call that makes the name "GRPO" known to Tune
     # Also the vLLM path's learner side: old log-probs recomputed on the learner.

@@ -12,7 +12,7 @@ pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
 from draco_gym.algos.learning import ENV_CONFIG, ENV_ID, build_corridor_policy  # noqa: E402
-from draco_gym.algos.trl_rollout import EnvRollout, task_dataset  # noqa: E402
+from draco_gym.algos.trl import EnvRollout, task_dataset  # noqa: E402
 from draco_gym.reward import TRLReward, build_reward  # noqa: E402
 from draco_gym.types import GAP  # noqa: E402
 
@@ -65,7 +65,7 @@ def test_trl_grpo_step_on_multi_turn_episodes(corridor_policy, tmp_path):
 
 @pytest.mark.slow
 def test_draco_credit_reaches_trls_loss_per_token(corridor_policy, tmp_path):
-    from draco_gym.algos.trl_rollout import DracoCreditGRPOTrainer
+    from draco_gym.algos.trl import DracoCreditGRPOTrainer
 
     trainer, rollout, reward = trl_trainer(corridor_policy, tmp_path, trainer_cls=DracoCreditGRPOTrainer)
     trainer.train()

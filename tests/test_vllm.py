@@ -26,7 +26,7 @@ import pytest
 ray = pytest.importorskip("ray")
 import ray.cloudpickle  # noqa: E402
 
-from draco_gym.algos.vllm_runtime import SetupError, VLLMRuntime  # noqa: E402
+from draco_gym.algos.policy.vllm_runtime import SetupError, VLLMRuntime  # noqa: E402
 from draco_gym.reward import RubricReward  # noqa: E402
 from draco_gym.types import Criterion, GroupScore, TrajectoryScore, Verdict  # noqa: E402
 
@@ -48,7 +48,7 @@ def vllm_python():
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from draco_gym.algos.models import resolve_model
+    from draco_gym.algos.policy.models import resolve_model
 
     return resolve_model("smollm2-135m-instruct")
 
@@ -74,7 +74,7 @@ class LengthParityReward(RubricReward):
 
 
 def vllm_config(model, out_dir, runners: int = 2):
-    from draco_gym.algos.grpo import GRPOConfig
+    from draco_gym.algos.rllib.grpo import GRPOConfig
 
     return (
         GRPOConfig()
@@ -134,7 +134,7 @@ def test_grpo_iterations_with_the_vllm_sampler_checkpoint_resume_and_eval(ray_vl
 
 @pytest.fixture(scope="module")
 def engine(ray_vllm, smollm2):
-    from draco_gym.algos.vllm_sampler import start_engine, stop_engine
+    from draco_gym.algos.rllib.vllm_sampler import start_engine, stop_engine
 
     host, _ = start_engine(smollm2, max_model_len=1024, max_lora_rank=16, kv_cache_gib=1)
     yield host
@@ -147,7 +147,7 @@ def adapters(smollm2, tmp_path_factory):
     trainer's adapter starts) and a random one."""
     import torch
 
-    from draco_gym.algos.module import add_lora, load_causal_lm
+    from draco_gym.algos.policy.lm import add_lora, load_causal_lm
 
     out = {}
     for name, scale in (("zero", 0.0), ("random", 0.05)):
@@ -178,8 +178,8 @@ def test_engine_logprobs_agree_with_transformers_and_peft_teacher_forced(engine,
     import torch
     from peft import PeftModel
 
-    from draco_gym.algos.module import load_causal_lm, token_logprobs
-    from draco_gym.algos.vllm_sampler import VLLMSampler
+    from draco_gym.algos.policy.lm import load_causal_lm, token_logprobs
+    from draco_gym.algos.rllib.vllm_sampler import VLLMSampler
 
     prompts = chat_prompts(smollm2, 4)
     sampler = VLLMSampler(engine, eos_ids=[2], temperature=0.7)
@@ -200,7 +200,7 @@ def test_engine_logprobs_agree_with_transformers_and_peft_teacher_forced(engine,
 
 
 def test_an_adapter_swap_changes_the_samples_and_swapping_back_restores_them(engine, adapters, smollm2):
-    from draco_gym.algos.vllm_sampler import VLLMSampler
+    from draco_gym.algos.rllib.vllm_sampler import VLLMSampler
 
     prompts = chat_prompts(smollm2, 6)
     sampler = VLLMSampler(engine, eos_ids=[2], temperature=1.0)
@@ -238,10 +238,10 @@ def test_the_judge_on_vllms_openai_server_probe_structured_output_errors_and_ste
     import asyncio
     import time
 
-    from draco_gym.algos.demo import scripted_episodes
+    from draco_gym.algos.cli.demo import scripted_episodes
     from draco_gym.reward import DynamicRubricReward, OpenAIJudge
     from draco_gym.reward.judges import JudgeUnavailable, forget_servers, server_profile
-    from test_judge_real_server import FORMAT_ERRORS
+    from reward_fixtures import FORMAT_ERRORS
 
     base_url = vllm_server.base_url
     forget_servers()

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from draco_gym.algos.vllm_runtime import SetupError, VLLMRuntime
+from draco_gym.algos.policy.vllm_runtime import SetupError, VLLMRuntime
 
 
 def test_no_vllm_environment_says_how_to_build_one(tmp_path):
@@ -53,7 +53,7 @@ def test_setup_vllm_with_a_python_lacking_vllm_fails_with_the_reason(tmp_path):
 def test_the_trainer_refuses_sampler_vllm_without_its_environment_in_the_driver(tmp_path, monkeypatch, tiny_model):
     pytest.importorskip("ray")
     from draco_gym.algos.config import ConfigError
-    from draco_gym.algos.grpo import GRPOConfig
+    from draco_gym.algos.rllib.grpo import GRPOConfig
 
     monkeypatch.setenv("DRACO_GYM_VLLM_HOME", str(tmp_path))
     config = (GRPOConfig().environment("draco_gym/PythonTools-v0").policy(model=str(tiny_model), sampler="vllm"))
@@ -62,7 +62,7 @@ def test_the_trainer_refuses_sampler_vllm_without_its_environment_in_the_driver(
 
 
 def test_lora_ranks_map_to_vllms_slots():
-    from draco_gym.algos.vllm_sampler import lora_rank_slot
+    from draco_gym.algos.rllib.vllm_sampler import lora_rank_slot
 
     assert [lora_rank_slot(r) for r in (1, 8, 9, 16, 17, 64, 512)] == [8, 8, 16, 16, 32, 64, 512]
     with pytest.raises(ValueError, match="above"):
@@ -70,7 +70,7 @@ def test_lora_ranks_map_to_vllms_slots():
 
 
 def test_adapter_files_are_peft_s_and_a_folder_without_them_is_named(tmp_path):
-    from draco_gym.algos.vllm_sampler import adapter_files
+    from draco_gym.algos.rllib.vllm_sampler import adapter_files
 
     with pytest.raises(FileNotFoundError, match="adapter_config.json"):
         adapter_files(tmp_path)
@@ -82,7 +82,7 @@ def test_adapter_files_are_peft_s_and_a_folder_without_them_is_named(tmp_path):
 
 def test_the_engine_never_samples_without_an_adapter():
     """A base-only request in a batch with adapter ones would get the adapter (vLLM CPU)."""
-    from draco_gym.algos.vllm_host import EngineHost
+    from draco_gym.algos.policy.vllm_host import EngineHost
 
     host = EngineHost.__new__(EngineHost)  # no engine needed to reach the guard
     host._lora = None

@@ -4,7 +4,7 @@ Credit rules spread a step's advantage over that step's tokens, so they need wha
 trainer records while sampling: ``Step.n_tokens``, ``Trajectory.token_ids`` and
 ``Trajectory.token_step``. A trajectory from your own loop (``gym.make``, ``env.step``,
 ``env.unwrapped.trajectory()``) has only text; ``attach_tokens`` tokenises it the way the
-trainer lays out a conversation (``algos/chat.py``: prompt and observations are gap tokens,
+trainer lays out a conversation (``algos/policy/chat.py``: prompt and observations are gap tokens,
 each assistant turn plus its end-of-turn token belongs to its step), so credit computed on it
 is what the trainer would compute on the same text::
 
@@ -22,8 +22,8 @@ from collections.abc import Sequence
 
 from draco_gym.types import GAP, Trajectory
 
-from draco_gym.algos.batch import token_batch
-from draco_gym.algos.chat import ChatFormat
+from draco_gym.algos.policy.batch import token_batch
+from draco_gym.algos.policy.chat import ChatFormat
 
 
 def attach_tokens(trajectory: Trajectory, tokenizer, *, max_prompt_tokens: int | None = None) -> Trajectory:
@@ -56,7 +56,7 @@ def attach_tokens(trajectory: Trajectory, tokenizer, *, max_prompt_tokens: int |
 def pad_token_advantages(trajectories: Sequence[Trajectory], token_advantages: Sequence[Sequence[float]],
                          pad_id: int = 0) -> dict:
     """Numpy arrays ``[B, T]`` (T: the longest trajectory) for a plain PyTorch loop, the
-    trainer's own batch layout (``algos/batch.py``), right-padded:
+    trainer's own batch layout (``algos/policy/batch.py``), right-padded:
 
     - ``input_ids`` (pad: ``pad_id``), ``attention_mask`` (1 on real tokens),
     - ``policy_mask``: 1 on step tokens, where the loss is taken (0 on gap tokens, padding and

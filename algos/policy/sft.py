@@ -5,7 +5,7 @@ rewards and nothing to learn from. A few epochs of next-token training on demons
 episodes (reference solutions) fix the format; GRPO then improves the choices.
 
 Demonstrations are tokenised exactly as the rollout loop tokenises a live episode
-(``draco_gym.algos.chat.ChatFormat``): the prompt and every observation are context, and
+(``draco_gym.algos.policy.chat.ChatFormat``): the prompt and every observation are context, and
 only the assistant turns (their end-of-turn token included) carry the loss. So the warm
 start trains the very token sequences the sampler will later produce.
 
@@ -119,7 +119,7 @@ def warm_start(model_dir: str | Path, examples: Sequence[Demonstration], out_dir
     import torch
     from transformers import AutoTokenizer
 
-    from draco_gym.algos.module import add_lora, load_causal_lm
+    from draco_gym.algos.policy.lm import add_lora, load_causal_lm
 
     torch.manual_seed(seed)
     model = add_lora(load_causal_lm(str(model_dir), dtype), lora or {}, seed)

@@ -6,21 +6,20 @@ once in this process (a converted model, an AppWorld runtime set up with visible
 environment keyword errors surfacing here), and only then does Ray start.
 
 With a ``warm_start:`` section (``epochs`` > 0) the policy is first fine-tuned on the
-environment's reference solutions (``draco_gym.algos.sft_cli.warm_start_from_config``) and
+environment's reference solutions (``draco_gym.algos.cli.sft.warm_start_from_config``) and
 GRPO, and the ``--before-after`` evaluation, start from that model.
 
-Tune runs the algorithm (``tune.Tuner("GRPO", param_space=config)``) until a stop criterion
-holds (``iterations``, or any of ``stop:``): it writes the TensorBoard event files and
-checkpoints, and feeds the trackers of ``logging:`` (its own W&B and MLflow callbacks); this
-command adds one progress line per iteration, ``metrics.jsonl``, the plots, and a copy of
-the final checkpoint at ``OUTPUT_DIR/checkpoint`` for ``draco-gym eval``.
+Tune runs the algorithm (``draco_gym.algos.rllib.runs.fit``) until a stop criterion holds
+(``iterations``, or any of ``stop:``): it writes the TensorBoard event files and checkpoints,
+and feeds the trackers of ``logging:``; the run adds one progress line per iteration,
+``metrics.jsonl`` and the plots, and this command a copy of the final checkpoint at
+``OUTPUT_DIR/checkpoint`` for ``draco-gym eval``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import time
@@ -60,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --resume {args.resume}: no such checkpoint directory", file=sys.stderr)
         return 2
     if config.warm_start.epochs:
-        from draco_gym.algos.sft_cli import warm_start_from_config
+        from draco_gym.algos.cli.sft import warm_start_from_config
 
         try:
             model = warm_start_from_config(config)
@@ -70,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         config = config.model_copy(update={"policy": config.policy.model_copy(update={"model": str(model.resolve())})})
     if not args.before_after:
         return train(config, resume=args.resume)
-    from draco_gym.algos.before_after import evaluate_policy, table, write_summary
+    from draco_gym.algos.cli.before_after import evaluate_policy, table, write_summary
 
     print("evaluating the policy before training ...", flush=True)
     before = evaluate_policy(config, args.resume)
@@ -89,50 +88,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def prepare(config, *, env_config: dict | None = None, task_ids: list[str] | None = None) -> list[str]:
-    """Convert the model if needed and build the environment once; returns the task ids."""
-    from draco_gym.algos.env_runner import env_source
-    from draco_gym.algos.models import resolve_model
-
-    print(f"preparing model {config.policy.model} ...", flush=True)
-    resolve_model(config.policy.model)
-    print(f"preparing environment {config.env.id} ...", flush=True)
-    env_config = env_config if env_config is not None else config.env.config
-    return list(env_source(config.env.id, env_config, config.env.modules, task_ids)[1])
-
-
-def start_ray(config) -> None:
-    """Ray for this run, with GRPO registered for Tune: the cluster at ``resources.ray_address``
-    (else ``$RAY_ADDRESS``) when one is given, otherwise a local one this command starts,
-    sized by ``ray_num_cpus`` and ``object_store_memory_mb``."""
-    import ray
-
-    from draco_gym.algos.grpo import register_with_tune
-
-    # No token auth (Ray 2.60 otherwise asks for one), quiet workers (their errors still
-    # reach Tune's trial error).
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    res = config.resources
-    runtime_env = {"env_vars": {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-                                "TOKENIZERS_PARALLELISM": "false"}}
-    address = res.ray_address or os.environ.get("RAY_ADDRESS")
-    if address:
-        if res.ray_num_cpus is not None:
-            print(f"note: resources.ray_num_cpus is ignored: joining the Ray cluster at {address}", flush=True)
-        print(f"joining the Ray cluster at {address} ...", flush=True)
-        ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
-    else:
-        ray.init(num_cpus=res.ray_num_cpus, object_store_memory=res.object_store_memory_mb * 2**20,
-                 include_dashboard=False, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
-    register_with_tune()
-
-
 def train(config, resume: str | None = None) -> int:
-    import ray
-    from ray import tune
-
-    from draco_gym.algos.grpo import ADAPTER_DIR, GRPOConfig
-    from draco_gym.algos.reporting import MetricsLog, tracker_callbacks
+    from draco_gym.algos.cli.prepare import prepare
+    from draco_gym.algos.config import ConfigError
+    from draco_gym.algos.evaluation import no_update_note
+    from draco_gym.algos.rllib.grpo import ADAPTER_DIR, GRPOConfig
+    from draco_gym.algos.rllib.reporting import MetricsLog
+    from draco_gym.algos.rllib.runs import fit
 
     out = Path(config.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -150,23 +112,11 @@ def train(config, resume: str | None = None) -> int:
     print(f"training {config.name}: {config.iterations} iterations x {config.rollout.tasks_per_iteration} tasks x "
           f"G={config.rollout.group_size} on {len(task_ids)} tasks; output in {out}", flush=True)
     t0 = time.time()
-    start_ray(config)
     try:
-        # The progress callback first: it draws the plots the trackers then pick up.
-        trackers = tracker_callbacks(config.logging, run_name=config.name, output_dir=out, plots_dir=out / "plots")
-    except Exception as exc:  # noqa: BLE001 - a tracker refusing its settings (MLflow's own errors too)
-        ray.shutdown()
-        print(f"error: logging: {type(exc).__name__}: {exc}", file=sys.stderr)
+        results = fit(config, algo_config, log, out)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    try:
-        tuner = tune.Tuner("GRPO", param_space=algo_config, run_config=tune.RunConfig(
-            name="tune", storage_path=str(out), stop=config.tune_stop(), verbose=0,
-            callbacks=[_Progress(log), *trackers],
-            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=config.checkpoint.every,
-                                                    num_to_keep=config.checkpoint.keep, checkpoint_at_end=True)))
-        results = tuner.fit()
-    finally:
-        ray.shutdown()
     if results.errors:
         for err in results.errors:
             print(f"error: the run failed: {err}", file=sys.stderr)
@@ -179,26 +129,7 @@ def train(config, resume: str | None = None) -> int:
     print(f"done in {time.time() - t0:.0f}s after {result.metrics.get('training_iteration')} iterations: "
           f"checkpoint {final} (LoRA adapter: {final / ADAPTER_DIR}), metrics {log.path}, plots {out / 'plots'}, "
           f"rollouts {out / 'rollouts.jsonl'}, TensorBoard: tensorboard --logdir {out / 'tune'}", flush=True)
-    from draco_gym.algos.evaluation import no_update_note
-
     note = no_update_note(log.rows)
     if note:
         print(note, flush=True)
     return 0
-
-
-def _progress_callback_base():
-    from ray.tune import Callback
-
-    return Callback
-
-
-class _Progress(_progress_callback_base()):
-    def __init__(self, log) -> None:
-        self.log = log
-
-    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
-        self.log.add(result, copy_plots_to=getattr(trial, "local_path", None))
-
-    def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        print(f"trial {trial} failed; see {getattr(trial, 'path', '')}", file=sys.stderr, flush=True)

@@ -9,11 +9,11 @@ the reward functions as a column, and ``env_mask`` marks which completion tokens
 wrote (1) and which the environment did (0: no loss). ``EnvRollout`` is a ``rollout_func``
 that keeps draco-gym's step boundary, one code block per turn: each prompt names a task of a
 draco-gym environment, the trainer's current model plays it with the trainer's rollout loop
-(``algos/rollout.py``, the same chat layout and sampler as the RLlib trainer), and the whole
+(``algos/policy/rollout.py``, the same chat layout and sampler as the RLlib trainer), and the whole
 episode, its turns and the observations between them, is the completion::
 
     from trl import GRPOConfig, GRPOTrainer
-    from draco_gym.algos.trl_rollout import EnvRollout, task_dataset
+    from draco_gym.algos.trl import EnvRollout, task_dataset
     from draco_gym.reward import TRLReward, build_reward
 
     rollout = EnvRollout("draco_gym/Corridor-v0", max_new_tokens=64)
@@ -36,7 +36,7 @@ from typing import Any
 
 from draco_gym.types import GAP, Trajectory
 
-from draco_gym.algos.chat import ChatFormat, eos_token_ids
+from draco_gym.algos.policy.chat import ChatFormat, eos_token_ids
 from draco_gym.algos.config import EpisodeLimits
 
 
@@ -78,8 +78,8 @@ class EnvRollout:
     def __call__(self, prompts: list, trainer) -> dict[str, list]:
         import torch
 
-        from draco_gym.algos.generation import TorchSampler
-        from draco_gym.algos.rollout import Episode, run_episodes
+        from draco_gym.algos.policy.generation import TorchSampler
+        from draco_gym.algos.policy.rollout import Episode, run_episodes
         from draco_gym.registration import make_from_entry
 
         tokenizer = trainer.processing_class

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from draco_gym.algos.prefix import prefix_groups
+from draco_gym.algos.policy.prefix import prefix_groups
 from draco_gym.types import GAP, Trajectory
 
 BATCH_KEYS = ("input_ids", "attention_mask", "policy_mask", "advantages", "old_logp")

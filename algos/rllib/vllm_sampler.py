@@ -19,7 +19,7 @@ from typing import Sequence
 
 import ray
 
-from draco_gym.algos.generation import Sample
+from draco_gym.algos.policy.generation import Sample
 
 # How long an engine may take to load (measured on 2 shared cores: 16-150 s).
 STARTUP_TIMEOUT_S = 900.0
@@ -44,8 +44,8 @@ def start_engine(model_path: str, *, dtype: str = "float32", max_model_len: int 
     environment; the engine's own load error otherwise."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from draco_gym.algos import vllm_host
-    from draco_gym.algos.vllm_runtime import VLLMRuntime
+    from draco_gym.algos.policy import vllm_host
+    from draco_gym.algos.policy.vllm_runtime import VLLMRuntime
 
     runtime = runtime or VLLMRuntime()
     python, record = runtime.engine_python()
@@ -54,7 +54,7 @@ def start_engine(model_path: str, *, dtype: str = "float32", max_model_len: int 
         max_model_len = min(max_model_len, cap)
     # The host module is not importable in vLLM's environment (no draco-gym there): Ray
     # ships the class itself.
-    ray.cloudpickle.register_pickle_by_value(vllm_host)
+    ray.cloudpickle.register_pickle_by_value(vllm_host)  # (session.ship_by_value: an import cycle)
     gpu = bool(record.get("cuda"))
     env_vars = {"VLLM_CACHE_ROOT": str(runtime.cache_dir), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
                 "VLLM_CPU_KVCACHE_SPACE": str(int(kv_cache_gib)), "TOKENIZERS_PARALLELISM": "false",

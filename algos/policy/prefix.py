@@ -29,6 +29,8 @@ import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from draco_gym.algos.policy.lm import cache_argument, decoder_and_head, token_logprobs
+
 
 @dataclass(frozen=True)
 class PrefixGroup:
@@ -84,24 +86,6 @@ def prefix_groups(sequences: Sequence[Sequence[int]], min_length: int = 1) -> li
 
 
 # -- the model side ---------------------------------------------------------------------------
-
-
-def decoder_and_head(lm):
-    """(backbone, vocabulary projection) of a causal LM, PEFT-wrapped or not; (None, None)
-    for a model without a separable head."""
-    base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
-    backbone = base.get_decoder() if hasattr(base, "get_decoder") else None
-    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
-    if backbone is None or head is None:
-        return None, None
-    return backbone, head
-
-
-def cache_argument(model) -> str:
-    """The name of a forward's KV-cache argument: transformers 5.x renamed
-    ``past_key_values`` to ``cache``."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
 
 
 def _layers_kv(cache) -> list:
@@ -194,8 +178,6 @@ def sharing_unsupported(lm) -> str | None:
 
 def _probe(lm) -> str | None:
     import torch
-
-    from draco_gym.algos.module import token_logprobs
 
     vocab = decoder_and_head(lm)[1].weight.shape[0]
     g = torch.Generator().manual_seed(0)

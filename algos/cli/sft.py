@@ -4,7 +4,7 @@ It reads the same run config as ``draco-gym train`` (environment, train tasks, p
 LoRA shape), asks the environment for each train task's reference solution
 (``env.unwrapped.reference_messages(task_id)``: the assistant messages of a solution), plays
 them through the environment so that the tokens are exactly those a rollout would hold,
-trains the policy on them (``draco_gym.algos.sft``) and writes the warm-started model,
+trains the policy on them (``draco_gym.algos.policy.sft``) and writes the warm-started model,
 adapter merged, to ``OUTPUT_DIR/warm_start``. Train from it with
 ``--set policy.model=OUTPUT_DIR/warm_start``: GRPO then measures and improves the
 warm-started policy, and its KL reference is that policy.
@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def demonstrations(env, chat, task_ids, *, max_prompt_tokens: int | None = None):
     """One ``Demonstration`` per task that has a reference solution; the tasks without one
     are returned apart, so the caller can say which."""
-    from draco_gym.algos.sft import demonstration
+    from draco_gym.algos.policy.sft import demonstration
 
     reference = getattr(env.unwrapped, "reference_messages", None)
     if reference is None:
@@ -82,10 +82,10 @@ def warm_start_from_config(config, settings=None, *, out: str | Path | None = No
     what is wrong (no tasks, no reference solutions, a reference that does not fit the env)."""
     from transformers import AutoTokenizer
 
-    from draco_gym.algos.chat import ChatFormat
-    from draco_gym.algos.env_runner import make_env
-    from draco_gym.algos.models import resolve_model
-    from draco_gym.algos.sft import warm_start
+    from draco_gym.algos.policy.chat import ChatFormat
+    from draco_gym.algos.rllib.env_runner import make_env
+    from draco_gym.algos.policy.models import resolve_model
+    from draco_gym.algos.policy.sft import warm_start
 
     settings = settings or config.warm_start
     model = resolve_model(config.policy.model)

@@ -10,69 +10,16 @@ Log-probs are computed only where the loss needs them: the backbone runs over th
 sequence, but the vocabulary projection runs only on the hidden states that predict a
 policy token. Prompts and observations are most of a multi-turn sequence, and the
 [tokens x vocabulary] logits are the largest tensor of the step. Rows that share a prefix
-(a group's prompt) can have it computed once (``encode_prefix``, ``draco_gym.algos.prefix``).
+(a group's prompt) can have it computed once (``encode_prefix``, ``draco_gym.algos.policy.prefix``).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from ray.rllib.core.rl_module.torch import TorchRLModule
 
-from draco_gym.algos.prefix import SharedPrefix, decoder_and_head, sharing_unsupported
-
-
-def load_causal_lm(path: str, dtype: str = "float32"):
-    """The base model with every dropout off: with dropout the ratio is not 1 and the KL
-    not 0 on the very first update, and the sampled log-probs are not the trained ones."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(path)
-    for name, value in list(vars(config).items()):
-        if isinstance(value, float) and ("dropout" in name or name.endswith("pdrop")):
-            setattr(config, name, 0.0)
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=getattr(torch, dtype))
-    for m in model.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0
-    return model
-
-
-def add_lora(model, lora: dict[str, Any], seed: int = 0):
-    """Wrap ``model`` with a LoRA adapter. Seeded, so every copy starts from the same A."""
-    from peft import LoraConfig, get_peft_model
-
-    from draco_gym.algos.config import LoraSection
-
-    opts = LoraSection(**(lora or {}))
-    torch.manual_seed(seed)
-    return get_peft_model(
-        model,
-        LoraConfig(r=opts.r, lora_alpha=opts.alpha, target_modules=opts.target_modules,
-                   lora_dropout=opts.dropout, bias="none", task_type="CAUSAL_LM"),
-    )
-
-
-def token_logprobs(lm, input_ids, attention_mask, policy_mask, temperature: float = 1.0, prefix=None):
-    """log pi(y_t | y_<t) for every position with ``policy_mask[:, t]`` (t >= 1), flattened
-    in row-major order. Runs the vocabulary projection on those positions only. With a
-    ``prefix`` (``SharedPrefix``), every row begins with it and only the rows' continuations
-    run through the backbone."""
-    targets = policy_mask[:, 1:].bool()
-    backbone, head = decoder_and_head(lm)
-    if prefix is not None:
-        hidden = prefix.row_hidden(input_ids, attention_mask)
-        logits = prefix.head(hidden[:, :-1][targets]).float()
-    elif backbone is not None:
-        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        logits = head(hidden[:, :-1][targets]).float()
-    else:  # models without a separable head: full logits
-        logits = lm(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][targets].float()
-    if temperature > 0:
-        logits = logits / temperature
-    chosen = input_ids[:, 1:][targets]
-    return logits.gather(-1, chosen[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+from draco_gym.algos.policy.lm import add_lora, load_causal_lm, token_logprobs
+from draco_gym.algos.policy.prefix import SharedPrefix, sharing_unsupported
 
 
 class HFPolicyModule(TorchRLModule):
@@ -112,7 +59,7 @@ class HFPolicyModule(TorchRLModule):
                                                  prefix=kwargs.get("ref_prefix"))
         return out
 
-    # -- prefix sharing (see draco_gym.algos.prefix) -----------------------------------------
+    # -- prefix sharing (see draco_gym.algos.policy.prefix) -----------------------------------------
 
     def prefix_sharing(self) -> str | None:
         """None when this model's attention can take a shared prefix, else why not
@@ -130,7 +77,7 @@ class HFPolicyModule(TorchRLModule):
         return SharedPrefix(self.lm, prefix_ids, grad=torch.is_grad_enabled())
 
     def _forward(self, batch: dict, **kwargs) -> dict:
-        raise NotImplementedError("the env runner samples with draco_gym.algos.generation, not forward()")
+        raise NotImplementedError("the env runner samples with draco_gym.algos.policy.generation, not forward()")
 
     # -- state: the adapter only ------------------------------------------------------------
 

@@ -24,9 +24,9 @@ from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 from draco_gym.types import Trajectory
 
-from draco_gym.algos.chat import ChatFormat, eos_token_ids
+from draco_gym.algos.policy.chat import ChatFormat, eos_token_ids
 from draco_gym.algos.config import EpisodeLimits
-from draco_gym.algos.rollout import Episode, run_episodes
+from draco_gym.algos.policy.rollout import Episode, run_episodes
 
 
 def make_env(env: Any, env_config: dict, modules=()):
@@ -127,7 +127,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self.sampler = self._make_sampler(config.temperature)
 
     def _make_sampler(self, temperature: float):
-        from draco_gym.algos.generation import TorchSampler
+        from draco_gym.algos.policy.generation import TorchSampler
 
         eos = eos_token_ids(self.tokenizer, getattr(self.module.lm, "generation_config", None))
         if self.config.sampler == "vllm":
@@ -140,7 +140,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     def _start_vllm(self, eos: list[int], temperature: float):
         """This runner's vLLM engine (its own actor, in vLLM's environment), serving the
         runner's adapter from the start: no request ever goes without one."""
-        from draco_gym.algos.vllm_sampler import VLLMSampler, lora_rank_slot, start_engine
+        from draco_gym.algos.rllib.vllm_sampler import VLLMSampler, lora_rank_slot, start_engine
 
         limits = episode_limits(self.config)
         self._engine, self.engine_info = start_engine(
@@ -212,7 +212,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     @property
     def reward(self):
         if self._reward is None:
-            from draco_gym.algos.policy_judge import build_trainer_reward
+            from draco_gym.algos.policy.self_judge import build_trainer_reward
 
             self._reward = build_trainer_reward(self.config.reward, dict(self.config.reward_options), self)
         return self._reward
@@ -276,6 +276,6 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self._envs = []
         engine, self._engine = getattr(self, "_engine", None), None
         if engine is not None:
-            from draco_gym.algos.vllm_sampler import stop_engine
+            from draco_gym.algos.rllib.vllm_sampler import stop_engine
 
             stop_engine(engine)

@@ -24,11 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import Counter
 from pathlib import Path
 
-from draco_gym.algos.reporting import RolloutLog
-from draco_gym.metrics import pass_at_k, pass_hat_k
+from draco_gym.algos.evaluation import eval_summary, mean_summary
 
 BASE = "base"
 LAST = "last"
@@ -42,60 +40,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "metrics are then averaged over the checkpoints")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     parser.add_argument("--output-dir", help="where eval/ goes (default: the config's output_dir)")
-
-
-def eval_summary(groups: list[dict], success_metric: str, *, scenarios: bool = False) -> dict:
-    """One run's metrics over its groups (one group = the n episodes of one task).
-    ``scenarios``: also AppWorld's SGC, the share of scenarios all of whose episodes passed."""
-    per_task, terms, turns, rewards = [], Counter(), [], []
-    results = []
-    for group in groups:
-        trajs = group["trajectories"]
-        wins = [bool(t.metrics.get(success_metric, False)) for t in trajs]
-        per_task.append((len(wins), sum(wins)))
-        results += [{"task_id": group["task_id"], "success": w} for w in wins]
-        for t in trajs:
-            terms[t.termination] += 1
-            turns.append(len(t.steps))
-        if group.get("score") is not None:
-            rewards.extend(group["score"].rewards)
-    n_eps = sum(n for n, _ in per_task) or 1
-    k_max = min((n for n, _ in per_task), default=0)
-    out = {
-        "tasks": len(per_task),
-        "episodes": sum(n for n, _ in per_task),
-        "success_rate": sum(c for _, c in per_task) / n_eps,
-        "turns_mean": sum(turns) / max(len(turns), 1),
-        "termination": {k: v / n_eps for k, v in terms.items()},
-    }
-    for k in range(1, k_max + 1):
-        out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for n, c in per_task) / max(len(per_task), 1)
-        out[f"pass^{k}"] = sum(pass_hat_k(n, c, k) for n, c in per_task) / max(len(per_task), 1)
-    if scenarios and results:
-        from draco_gym.envs.appworld.metrics import sgc
-
-        out["sgc"] = sgc(results)
-    if rewards:
-        out["reward_mean"] = sum(rewards) / len(rewards)
-    return out
-
-
-def mean_summary(summaries: list[dict]) -> dict:
-    """Each metric's mean over several runs (checkpoints): numbers that every run reports,
-    and the termination shares key by key (a mode a run never hit counts as 0 there)."""
-    if not summaries:
-        raise ValueError("no runs to average")
-    out: dict = {}
-    for key, value in summaries[0].items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and all(
-                isinstance(s.get(key), (int, float)) for s in summaries):
-            out[key] = sum(s[key] for s in summaries) / len(summaries)
-    modes = sorted({m for s in summaries for m in s.get("termination", {})}, key=str)
-    if modes:
-        out["termination"] = {m: sum(s.get("termination", {}).get(m, 0.0) for s in summaries) / len(summaries)
-                              for m in modes}
-    out["runs"] = len(summaries)
-    return out
 
 
 def last_checkpoints(output_dir: str | Path, n: int) -> list[Path]:
@@ -136,7 +80,7 @@ def _label(checkpoint: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from draco_gym.algos.config import ConfigError, load_config
-    from draco_gym.algos.train_cli import prepare
+    from draco_gym.algos.cli.prepare import prepare
 
     overrides = list(args.set) + ([f"output_dir={args.output_dir}"] if args.output_dir else [])
     try:
@@ -194,32 +138,23 @@ def run(args: argparse.Namespace) -> int:
 def _evaluate(config, env_config: dict, task_ids: list[str], checkpoints: list[str], out: Path, split: str,
               single: bool) -> dict[str, dict]:
     """Every checkpoint on one split, on one algorithm (its env runners built once)."""
-    import ray
-
-    from draco_gym.algos.grpo import GRPOConfig
-    from draco_gym.algos.train_cli import start_ray
+    from draco_gym.algos.rllib.reporting import RolloutLog
+    from draco_gym.algos.rllib.runs import checkpoint_rollouts
 
     ev = config.eval
     config = config.model_copy(update={"env": config.env.model_copy(update={"config": env_config})})
     scenarios = "AppWorld" in config.env.id
+
+    def announce(checkpoint) -> None:
+        print(f"evaluating {_label(checkpoint or BASE)} on {split}: {len(task_ids)} tasks x "
+              f"{ev.episodes_per_task} episodes (temperature {ev.temperature})", flush=True)
+
     runs: dict[str, dict] = {}
-    start_ray(config)
-    try:
-        algo = GRPOConfig.from_run_config(config).training(task_ids=task_ids).build_algo()
-        try:
-            for checkpoint in checkpoints:
-                print(f"evaluating {_label(checkpoint)} on {split}: {len(task_ids)} tasks x "
-                      f"{ev.episodes_per_task} episodes (temperature {ev.temperature})", flush=True)
-                if checkpoint != BASE:
-                    algo.restore_from_path(checkpoint)
-                    algo.sync_weights()
-                groups = algo.rollout(task_ids, group_size=ev.episodes_per_task, temperature=ev.temperature,
-                                      score=ev.score, seed=config.seed)
-                runs[_label(checkpoint)] = eval_summary(groups, ev.success_metric, scenarios=scenarios)
-                name = "rollouts.jsonl" if single else f"rollouts-{split}-{_label(checkpoint).replace('/', '-')}.jsonl"
-                RolloutLog(out / name).write(groups)
-        finally:
-            algo.stop()
-    finally:
-        ray.shutdown()
+    for checkpoint, groups in checkpoint_rollouts(config, task_ids, [None if c == BASE else c for c in checkpoints],
+                                                  group_size=ev.episodes_per_task, temperature=ev.temperature,
+                                                  score=ev.score, seed=config.seed, announce=announce):
+        label = _label(checkpoint or BASE)
+        runs[label] = eval_summary(groups, ev.success_metric, scenarios=scenarios)
+        name = "rollouts.jsonl" if single else f"rollouts-{split}-{label.replace('/', '-')}.jsonl"
+        RolloutLog(out / name).write(groups)
     return runs

@@ -21,14 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from draco_gym.algos.config import RESULT_GROUPS, RESULT_TOP_KEYS, LoggingSection
+
 # The phases of one iteration, in order; each reports seconds as ``timers/phases/<phase>``.
 PHASES = ("generation", "env", "judge", "credit", "learner", "sync")
 
-# The groups of a result, RLlib's new API stack shape. ``env_runners`` and ``learners`` and
-# ``timers`` are RLlib's own; ``judge`` and ``credit`` are the reward's and the credit rule's.
-RESULT_GROUPS = ("env_runners", "learners", "judge", "credit", "timers")
-# Top-level keys of every result (Tune's and RLlib's), usable as stop criteria too.
-RESULT_TOP_KEYS = ("training_iteration", "time_this_iter_s", "time_total_s", "num_training_step_calls_per_iteration")
 
 
 def iteration_metrics(groups: Sequence[dict], batch, timers: dict[str, float], total_s: float,
@@ -279,8 +276,6 @@ def tracker_callbacks(logging, *, run_name: str, output_dir: str | Path, plots_d
     Tune pickles its callbacks into the experiment folder, so a key given to a callback
     would be written to disk.
     """
-    from draco_gym.algos.config import LoggingSection
-
     section = logging if isinstance(logging, LoggingSection) else LoggingSection.model_validate(logging or {})
     callbacks = []
     if section.wandb is not None:

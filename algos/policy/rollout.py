@@ -25,9 +25,9 @@ from typing import Any, Sequence
 
 from draco_gym.types import GAP, Termination, Trajectory
 
-from draco_gym.algos.chat import ChatFormat
+from draco_gym.algos.policy.chat import ChatFormat
 from draco_gym.algos.config import EpisodeLimits  # the token budgets, declared with the run's knobs
-from draco_gym.algos.generation import Sampler
+from draco_gym.algos.policy.generation import Sampler
 
 
 @dataclass

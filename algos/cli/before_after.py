@@ -15,7 +15,7 @@ from pathlib import Path
 
 def eval_setup(config):
     """The eval tasks and the config whose environment is the eval environment."""
-    from draco_gym.algos.train_cli import prepare
+    from draco_gym.algos.cli.prepare import prepare
 
     ev = config.eval
     env_config = {**config.env.config, **ev.env_config}
@@ -26,27 +26,13 @@ def eval_setup(config):
 
 def evaluate_policy(config, checkpoint: str | Path | None = None) -> dict:
     """``episode_summary`` of the eval episodes of the config's policy, or of a checkpoint."""
-    import ray
-
     from draco_gym.algos.evaluation import episode_summary
-    from draco_gym.algos.grpo import GRPOConfig
-    from draco_gym.algos.train_cli import start_ray
+    from draco_gym.algos.rllib.runs import checkpoint_rollouts
 
     eval_config, task_ids = eval_setup(config)
     ev = config.eval
-    start_ray(eval_config)
-    try:
-        algo = GRPOConfig.from_run_config(eval_config).training(task_ids=task_ids).build_algo()
-        try:
-            if checkpoint is not None:
-                algo.restore_from_path(str(Path(checkpoint).resolve()))
-                algo.sync_weights()
-            groups = algo.rollout(task_ids, group_size=ev.episodes_per_task, temperature=ev.temperature,
-                                  score=True, seed=config.seed)
-        finally:
-            algo.stop()
-    finally:
-        ray.shutdown()
+    [(_, groups)] = checkpoint_rollouts(eval_config, task_ids, [checkpoint], group_size=ev.episodes_per_task,
+                                        temperature=ev.temperature, score=True, seed=config.seed)
     return {"tasks": len(task_ids), "episodes_per_task": ev.episodes_per_task, "temperature": ev.temperature,
             **episode_summary(groups, ev.success_metric)}
 

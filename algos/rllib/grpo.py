@@ -37,15 +37,15 @@ from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, LEARNER_RESULTS, NUM_EN
                                      NUM_ENV_STEPS_SAMPLED_LIFETIME, NUM_EPISODES, NUM_EPISODES_LIFETIME,
                                      WEIGHTS_SEQ_NO)
 
-from draco_gym.algos.batch import shard_rows, token_batch
+from draco_gym.algos.policy.batch import shard_rows, token_batch
 from draco_gym.algos.config import KNOBS, ConfigError, RunConfig, check_knobs, knob_defaults, knob_values
 from draco_gym.algos.credit import CREDIT_RULES, get_credit_rule
 from draco_gym.algos.credit.apply import CreditedBatch, apply_credit
-from draco_gym.algos.env_runner import RESTORED, LLMEnvRunner, env_source
-from draco_gym.algos.learner import GRPOTorchLearner
-from draco_gym.algos.models import resolve_model
-from draco_gym.algos.module import HFPolicyModule
-from draco_gym.algos.reporting import PHASES, RolloutLog, iteration_metrics
+from draco_gym.algos.rllib.env_runner import RESTORED, LLMEnvRunner, env_source
+from draco_gym.algos.rllib.learner import GRPOTorchLearner
+from draco_gym.algos.policy.models import resolve_model
+from draco_gym.algos.rllib.module import HFPolicyModule
+from draco_gym.algos.rllib.reporting import PHASES, RolloutLog, iteration_metrics
 
 # Keywords of each builder method (RLlib's own ones pass through to it).
 _POLICY = {"model" if attr == "policy_model" else attr for attr, path in KNOBS.items() if path.startswith("policy.")}
@@ -130,7 +130,7 @@ class GRPOConfig(AlgorithmConfig):
             values.pop("num_env_runners")
         check_knobs(values)
         if self.sampler == "vllm" and not self.in_evaluation:
-            from draco_gym.algos.vllm_runtime import SetupError, VLLMRuntime
+            from draco_gym.algos.policy.vllm_runtime import SetupError, VLLMRuntime
 
             try:
                 VLLMRuntime().engine_python()

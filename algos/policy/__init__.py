@@ -1,0 +1,21 @@
+"""The policy without a trainer framework: what the RLlib trainer, TRL's trainer and a plain
+PyTorch loop share. Nothing here imports Ray.
+
+    chat.py        the conversation as token chunks in the model's own chat template
+    generation.py  samplers: many prompts in, one continuation with log-probs each out
+                   (``TorchSampler`` with a KV-cached session; vLLM's engine host, ``vllm_host``, and its environment, ``vllm_runtime``)
+    rollout.py     the multi-turn loop: many episodes in lockstep, one sampling call a turn
+    tokens.py      token bookkeeping for trajectories from your own loop
+    batch.py       scored trajectories -> the learner's padded batch -> micro-batches
+    prefix.py      prefix sharing: a group's common prompt computed once
+    lm.py          the causal LM: loading (dropout off), LoRA, backbone and head, log-probs
+    loss.py        the GRPO loss, on one screen
+    gradients.py   one minibatch's gradient, micro-batch by micro-batch
+    models.py      where weights come from: a local directory, the SmolLM2 alias, a tiny
+                   random model for tests
+    sft.py         the supervised warm start on demonstrations
+    self_judge.py  the policy judging its own rollouts (``judge: policy``)
+
+torch and transformers are imported where they are used, so ``tokens``, ``batch`` and
+``prefix`` import without them.
+"""

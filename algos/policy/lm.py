@@ -1,0 +1,86 @@
+"""The causal LM behind the policy: loaded with every dropout off, wrapped in its LoRA
+adapter, taken apart into backbone and vocabulary head, and scored token by token.
+
+The learner (RLlib's, TRL's or a plain loop's), the sampler and prefix sharing all call
+these; none of them needs Ray. torch and transformers are imported when a function runs,
+so importing this module (through ``prefix``, ``batch``, ``tokens``) stays light.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+
+def decoder_and_head(lm):
+    """(backbone, vocabulary projection) of a causal LM, PEFT-wrapped or not; (None, None)
+    for a model without a separable head."""
+    base = lm.get_base_model() if hasattr(lm, "get_base_model") else lm
+    backbone = base.get_decoder() if hasattr(base, "get_decoder") else None
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if backbone is None or head is None:
+        return None, None
+    return backbone, head
+
+
+def cache_argument(model) -> str:
+    """The name of a forward's KV-cache argument: transformers 5.x renamed
+    ``past_key_values`` to ``cache``."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+
+
+def load_causal_lm(path: str, dtype: str = "float32"):
+    """The base model with every dropout off: with dropout the ratio is not 1 and the KL
+    not 0 on the very first update, and the sampled log-probs are not the trained ones."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    for name, value in list(vars(config).items()):
+        if isinstance(value, float) and ("dropout" in name or name.endswith("pdrop")):
+            setattr(config, name, 0.0)
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=getattr(torch, dtype))
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    return model
+
+
+def add_lora(model, lora: dict[str, Any], seed: int = 0):
+    """Wrap ``model`` with a LoRA adapter. Seeded, so every copy starts from the same A."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from draco_gym.algos.config import LoraSection
+
+    opts = LoraSection(**(lora or {}))
+    torch.manual_seed(seed)
+    return get_peft_model(
+        model,
+        LoraConfig(r=opts.r, lora_alpha=opts.alpha, target_modules=opts.target_modules,
+                   lora_dropout=opts.dropout, bias="none", task_type="CAUSAL_LM"),
+    )
+
+
+def token_logprobs(lm, input_ids, attention_mask, policy_mask, temperature: float = 1.0, prefix=None):
+    """log pi(y_t | y_<t) for every position with ``policy_mask[:, t]`` (t >= 1), flattened
+    in row-major order. Runs the vocabulary projection on those positions only. With a
+    ``prefix`` (``SharedPrefix``), every row begins with it and only the rows' continuations
+    run through the backbone."""
+    import torch
+
+    targets = policy_mask[:, 1:].bool()
+    backbone, head = decoder_and_head(lm)
+    if prefix is not None:
+        hidden = prefix.row_hidden(input_ids, attention_mask)
+        logits = prefix.head(hidden[:, :-1][targets]).float()
+    elif backbone is not None:
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        logits = head(hidden[:, :-1][targets]).float()
+    else:  # models without a separable head: full logits
+        logits = lm(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][targets].float()
+    if temperature > 0:
+        logits = logits / temperature
+    chosen = input_ids[:, 1:][targets]
+    return logits.gather(-1, chosen[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)

@@ -1,0 +1,64 @@
+"""The Ray session a run works in: the cluster a config names, or a local one started here.
+
+``start_ray`` is what ``draco-gym train`` and ``draco-gym eval`` call before any actor
+exists; ``ray_session`` wraps it for a block (benchmarks, scripts), shutting Ray down after.
+``ship_by_value`` lets actors unpickle classes defined in a script or test module that is
+not importable on the workers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import ModuleType
+
+import ray
+
+from draco_gym.algos.config import ResourcesSection
+
+# Workers stay quiet (their errors still reach Tune's trial error) and tokenizers do not
+# fork-warn in every actor.
+_WORKER_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+               "TOKENIZERS_PARALLELISM": "false"}
+
+
+def start_ray(resources: ResourcesSection) -> None:
+    """Ray for this run, with GRPO registered for Tune: the cluster at ``ray_address``
+    (else ``$RAY_ADDRESS``) when one is given, otherwise a local one this process starts,
+    sized by ``ray_num_cpus`` and ``object_store_memory_mb``."""
+    from draco_gym.algos.rllib.grpo import register_with_tune
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 otherwise asks for a token
+    runtime_env = {"env_vars": dict(_WORKER_ENV)}
+    address = resources.ray_address or os.environ.get("RAY_ADDRESS")
+    if address:
+        if resources.ray_num_cpus is not None:
+            print(f"note: resources.ray_num_cpus is ignored: joining the Ray cluster at {address}", flush=True)
+        print(f"joining the Ray cluster at {address} ...", flush=True)
+        ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
+    else:
+        ray.init(num_cpus=resources.ray_num_cpus, object_store_memory=resources.object_store_memory_mb * 2**20,
+                 include_dashboard=False, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
+    register_with_tune()
+
+
+def stop_ray() -> None:
+    ray.shutdown()
+
+
+@contextmanager
+def ray_session(resources: ResourcesSection | None = None) -> Iterator[None]:
+    """``start_ray`` for the block, ``ray.shutdown`` after it, whatever happens inside."""
+    start_ray(resources or ResourcesSection())
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def ship_by_value(module: ModuleType) -> None:
+    """Actors get ``module``'s classes and functions pickled by value, not by import path."""
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(module)
