@@ -64,7 +64,11 @@ class PolicySection(_Section):
     model: str = Field(description="a local HF directory or the alias 'smollm2-135m-instruct'")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights' dtype")
     lora: LoraSection = Field(default_factory=LoraSection, description="the trained adapter")
-    sampler: Literal["torch", "vllm"] = Field("torch", description="torch: transformers (CPU or GPU); vllm: GPU, unverified")
+    sampler: Literal["torch", "vllm"] = Field("torch", description="torch: transformers in the env runner; vllm: a vLLM "
+                                                                   "engine actor per env runner (draco-gym setup vllm)")
+    vllm_kv_cache_gib: int = Field(1, ge=1, description="vllm on CPU: the engine's KV cache, GiB (VLLM_CPU_KVCACHE_SPACE)")
+    vllm_gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vllm on GPU: the share of its GPU "
+                                                                             "the engine takes")
     gradient_checkpointing: bool = Field(False, description="trade compute for activation memory on the learner")
     torch_threads: int | None = Field(None, ge=1, description="intra-op threads per process (null: Ray's, one per reserved CPU)")
 

@@ -19,7 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "report": ("draco_gym.report", "write a run's HTML report: metrics, each group's rubric and verdicts, each rollout's cited steps and credit"),
     "demo": ("draco_gym.algos.cli.demo", "score a group of scripted PythonTools episodes with the rule rubric and print their step credit"),
     "bench": ("draco_gym.bench.credit_quality", "benchmarks: `bench credit` compares the credit rules on synthetic tasks"),
-    "setup": ("draco_gym.setup_cli", "prepare now what a first run needs: `setup appworld` (the AppWorld engine and its offline task suite), `setup model` (the quickstart policy's weights)"),
+    "setup": ("draco_gym.setup_cli", "prepare now what a first run needs: `setup appworld` (the AppWorld engine and its offline task suite), `setup model` (the quickstart policy's weights), `setup vllm` (vLLM's own environment)"),
 }
 
 

@@ -2,7 +2,7 @@
 
 ``appworld`` builds the AppWorld engine's isolated runtime and the offline task suite;
 ``model`` fetches the quickstart policy's weights (SmolLM2-135M-Instruct) into the cache and
-converts them once. Each target lives with its layer; its module is imported by name, as
+converts them once; ``vllm`` builds vLLM's own environment (``sampler: vllm``). Each target lives with its layer; its module is imported by name, as
 the CLI's subcommands are, so the core depends on no layer.
 """
 
@@ -14,6 +14,7 @@ import importlib
 TARGETS: dict[str, tuple[str, str]] = {
     "appworld": ("draco_gym.envs.appworld.setup_cli", "the AppWorld engine's runtime and its offline task suite"),
     "model": ("draco_gym.algos.cli.setup_model", "the SmolLM2-135M-Instruct weights of the quickstart policy"),
+    "vllm": ("draco_gym.algos.cli.setup_vllm", "vLLM's own environment for `sampler: vllm` (CPU or GPU build, or --python)"),
 }
 
 

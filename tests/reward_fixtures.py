@@ -123,3 +123,8 @@ def assert_hand_computed(result) -> None:
             assert all(1 <= s <= n for s in v.cited_steps)
     a, b, c = result.scores
     assert (a.p, a.f, b.p, b.f, c.p, c.f) == (2, 1, 2, 2, 1, 3)
+
+
+# what a schema-constrained answer cannot get wrong: its JSON and its shape
+FORMAT_ERRORS = ("not valid JSON", "must be a JSON object", "answer is empty", "Field required", "characters long",
+                 "refuses structured_output", "judge unavailable", "no answer within")

@@ -11,14 +11,12 @@ import time
 
 import pytest
 from llama_server import LlamaServer, LlamaServerMissing
+from reward_fixtures import FORMAT_ERRORS
 
 from draco_gym.algos.cli.demo import scripted_episodes
 from draco_gym.reward import DynamicRubricReward, OpenAIJudge
 from draco_gym.reward.judge_servers import server_profile
 
-# what a schema-constrained answer cannot get wrong: its JSON and its shape
-FORMAT_ERRORS = ("not valid JSON", "must be a JSON object", "answer is empty", "Field required", "characters long",
-                 "refuses structured_output", "judge unavailable", "no answer within")
 
 pytestmark = pytest.mark.slow
 

@@ -3,7 +3,7 @@ PyTorch loop share. Nothing here imports Ray.
 
     chat.py        the conversation as token chunks in the model's own chat template
     generation.py  samplers: many prompts in, one continuation with log-probs each out
-                   (``TorchSampler`` with a KV-cached session; ``VLLMSampler``)
+                   (``TorchSampler`` with a KV-cached session; vLLM's engine host, ``vllm_host``, and its environment, ``vllm_runtime``)
     rollout.py     the multi-turn loop: many episodes in lockstep, one sampling call a turn
     tokens.py      token bookkeeping for trajectories from your own loop
     batch.py       scored trajectories -> the learner's padded batch -> micro-batches

@@ -6,9 +6,8 @@ the log-probability of each sampled token comes from exactly the distribution th
 (``log_softmax(logits / T)``, the same expression the learner evaluates), and memory stays
 O(batch) instead of keeping every step's full-vocabulary logits.
 
-``VLLMSampler`` does the same with a vLLM engine on GPU; the LoRA adapter is loaded per
-weights version. It imports vllm lazily and is UNVERIFIED here (no GPU on the build
-machine); the trainer recomputes old log-probs on the learner when it is used.
+``sampler: vllm`` samples through a vLLM engine in its own environment instead
+(``draco_gym.algos.rllib.vllm_sampler``, ``policy.vllm_host``): the same ``Sample`` out.
 """
 
 from __future__ import annotations
@@ -173,52 +172,3 @@ class SamplingSession:
                 logits = self._forward(token[:, None], live.long()[:, None])
         self.logits = logits
         return [Sample(out_ids[i], out_lp[i], bool(ended[i])) for i in range(self.rows)]
-
-
-class VLLMSampler:
-    """Sampling with vLLM (GPU). UNVERIFIED: written against vLLM's documented offline API
-    (``LLM.generate`` with token prompts, ``SamplingParams(logprobs=0)``, ``LoRARequest``)
-    but never run on this project's build machine, which has no GPU.
-
-    The adapter is handed over as a directory written by ``HFPolicyModule.save_adapter``;
-    ``set_adapter`` switches to a new weights version.
-    """
-
-    def __init__(self, model_path: str, *, eos_ids: Sequence[int], temperature: float = 1.0,
-                 max_lora_rank: int = 16, gpu_memory_utilization: float = 0.5, max_model_len: int | None = None) -> None:
-        try:
-            from vllm import LLM
-        except ImportError as exc:  # pragma: no cover - depends on the machine
-            raise ImportError("sampler 'vllm' needs vLLM: pip install 'draco-gym[vllm]' on a GPU machine") from exc
-        # Prefix caching does for vLLM what SamplingSession does for transformers: a turn's
-        # context is encoded once, not again at every turn.
-        self.llm = LLM(model=model_path, enable_lora=True, max_lora_rank=max_lora_rank, enable_prefix_caching=True,
-                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len)
-        self.eos_ids = list(eos_ids)
-        self.temperature = float(temperature)
-        self._lora = None
-        self._version = 0
-
-    def set_adapter(self, adapter_dir: str) -> None:
-        from vllm.lora.request import LoRARequest
-
-        self._version += 1
-        self._lora = LoRARequest(f"policy-v{self._version}", self._version, adapter_dir)
-
-    def sample(self, prompts: Sequence[list[int]], max_new_tokens: Sequence[int], seed: int) -> list[Sample]:
-        from vllm import SamplingParams
-
-        params = [
-            SamplingParams(temperature=self.temperature, top_p=1.0, top_k=-1, max_tokens=max(1, int(n)),
-                           logprobs=0, stop_token_ids=self.eos_ids, seed=seed + i)
-            for i, n in enumerate(max_new_tokens)
-        ]
-        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params,
-                                 lora_request=self._lora, use_tqdm=False)
-        samples = []
-        for out in outs:
-            comp = out.outputs[0]
-            ids = list(comp.token_ids)
-            lps = [float(step[tok].logprob) for step, tok in zip(comp.logprobs or [], ids)]
-            samples.append(Sample(ids, lps, bool(ids) and ids[-1] in self.eos_ids))
-        return samples

@@ -127,13 +127,36 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self.sampler = self._make_sampler(config.temperature)
 
     def _make_sampler(self, temperature: float):
-        from draco_gym.algos.policy.generation import TorchSampler, VLLMSampler
+        from draco_gym.algos.policy.generation import TorchSampler
 
         eos = eos_token_ids(self.tokenizer, getattr(self.module.lm, "generation_config", None))
         if self.config.sampler == "vllm":
-            return VLLMSampler(self.config.model_path, eos_ids=eos, temperature=temperature)
+            if getattr(self, "sampler", None) is not None:  # another temperature: the same engine
+                return self.sampler.with_temperature(temperature)
+            return self._start_vllm(eos, temperature)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos[0]
         return TorchSampler(self.module.lm, eos_ids=eos, pad_id=pad, temperature=temperature)
+
+    def _start_vllm(self, eos: list[int], temperature: float):
+        """This runner's vLLM engine (its own actor, in vLLM's environment), serving the
+        runner's adapter from the start: no request ever goes without one."""
+        from draco_gym.algos.rllib.vllm_sampler import VLLMSampler, lora_rank_slot, start_engine
+
+        limits = episode_limits(self.config)
+        self._engine, self.engine_info = start_engine(
+            self.config.model_path, dtype=self.config.dtype, max_lora_rank=lora_rank_slot(int(dict(self.config.lora).get("r", 16))),
+            max_model_len=limits.max_prompt_tokens + limits.max_response_tokens, seed=self.config.seed or 0,
+            kv_cache_gib=self.config.vllm_kv_cache_gib,
+            gpu_memory_utilization=self.config.vllm_gpu_memory_utilization)
+        sampler = VLLMSampler(self._engine, eos_ids=eos, temperature=temperature)
+        self._hand_adapter(sampler)
+        return sampler
+
+    def _hand_adapter(self, sampler) -> None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="draco_lora_") as folder:
+            sampler.set_adapter(self.module.save_adapter(folder))
 
     # -- what the driver calls -------------------------------------------------------------
 
@@ -235,9 +258,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             weights = weights.get(DEFAULT_MODULE_ID, weights)
             self.module.set_state(weights)
             if hasattr(self.sampler, "set_adapter"):  # vLLM: hand the new adapter over
-                import tempfile
-
-                self.sampler.set_adapter(self.module.save_adapter(tempfile.mkdtemp(prefix="draco_lora_")))
+                self._hand_adapter(self.sampler)
         self._weights_seq_no = seq if restored else max(self._weights_seq_no, seq)
 
     def get_ctor_args_and_kwargs(self):
@@ -253,3 +274,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             except Exception:  # noqa: BLE001 - closing is best effort
                 pass
         self._envs = []
+        engine, self._engine = getattr(self, "_engine", None), None
+        if engine is not None:
+            from draco_gym.algos.rllib.vllm_sampler import stop_engine
+
+            stop_engine(engine)

@@ -129,6 +129,13 @@ class GRPOConfig(AlgorithmConfig):
         if self.in_evaluation:  # RLlib's evaluation copy runs no rollouts of ours
             values.pop("num_env_runners")
         check_knobs(values)
+        if self.sampler == "vllm" and not self.in_evaluation:
+            from draco_gym.algos.policy.vllm_runtime import SetupError, VLLMRuntime
+
+            try:
+                VLLMRuntime().engine_python()
+            except SetupError as exc:
+                raise ConfigError(f"policy.sampler: {exc}") from None
         if not self.in_evaluation:
             entry = self.env_source()[0]
             if not self._is_frozen:
@@ -280,7 +287,9 @@ class GRPO(Algorithm):
             results = self.learner_group.foreach_learner(
                 lambda learner, b=arrays: learner.policy_logprobs(b, DEFAULT_MODULE_ID))
             first = next(iter(results))  # a list (local learner) or RemoteCallResults
-            arrays["old_logp"] = first.get() if hasattr(first, "get") else first
+            learner_logp = first.get() if hasattr(first, "get") else first
+            self._log_sampler_agreement(arrays, learner_logp)
+            arrays["old_logp"] = learner_logp
         n = len(batch.trajectories)
         size = cfg.minibatch_size or n
         n_learners = len(self.learner_group)  # 0: the local learner
@@ -299,6 +308,18 @@ class GRPO(Algorithm):
                                                              timesteps=timesteps))
         for result in results:
             self.metrics.aggregate(result if isinstance(result, list) else [result], key=LEARNER_RESULTS)
+
+    def _log_sampler_agreement(self, arrays: dict, learner_logp) -> None:
+        """How far the sampler's log-probs of the sampled tokens are from the learner's, before
+        the update: the largest absolute difference, and the largest deviation from 1 of the
+        importance ratio the first minibatch would see with the sampler's as old log-probs
+        (``learners/sampler_logp_max_abs_diff``, ``learners/sampler_ratio_max_abs_dev``)."""
+        mask = arrays["policy_mask"][:, 1:].astype(bool)
+        gap = (np.asarray(learner_logp, np.float64)[:, 1:] - np.asarray(arrays["old_logp"], np.float64)[:, 1:])[mask]
+        diff = float(np.abs(gap).max()) if gap.size else 0.0
+        ratio = float(np.abs(np.expm1(gap)).max()) if gap.size else 0.0
+        self.metrics.log_value((LEARNER_RESULTS, "sampler_logp_max_abs_diff"), diff, window=1)
+        self.metrics.log_value((LEARNER_RESULTS, "sampler_ratio_max_abs_dev"), ratio, window=1)
 
     def sync_weights(self) -> None:
         """The learner's LoRA weights to every env runner: the next rollouts are on-policy."""
