@@ -53,6 +53,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from draco_gym.algos.credit.core import CreditRule, check_base_advantage, outcome_number
+from draco_gym.algos.credit.registry import credit_rule
 from draco_gym.reward import stages
 from draco_gym.reward.base import run_sync
 from draco_gym.reward.judge_client import JudgeClient, StageFailed, UsageMeter, as_client
@@ -332,6 +333,7 @@ def env_runner_continuations(env_runner_group, *, outcome_key: str = "success", 
 
 # -- the registry entry --------------------------------------------------------------------
 
+@credit_rule("prover")
 def prover_rule(
     *,
     continue_fn: ContinueFn | None = None,

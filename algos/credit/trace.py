@@ -54,6 +54,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from draco_gym.algos.credit.core import CreditRule, check_base_advantage
+from draco_gym.algos.credit.registry import credit_rule
 from draco_gym.types import Step, Task, Trajectory
 
 __all__ = ["ReferenceScorer", "TraceParams", "trace_credit", "trace_turn_rewards", "trace_values"]
@@ -253,6 +254,7 @@ def _reference_scorer(model, tokenizer, answer_key: str, batch_size: int, max_le
 
 # -- the registry entry --------------------------------------------------------------------
 
+@credit_rule("trace")
 def trace_rule(
     *,
     scorer: Callable[[Trajectory], Sequence[float]] | None = None,

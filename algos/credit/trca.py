@@ -60,6 +60,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from draco_gym.algos.credit.core import CreditRule, group_advantages, outcome_number
+from draco_gym.algos.credit.registry import credit_rule
 from draco_gym.types import STATE_KEY, GroupScore, Step, Task, Trajectory
 
 __all__ = [
@@ -338,6 +339,7 @@ class TRCAOptions(BaseModel):
         return value
 
 
+@credit_rule("trca")
 def trca_rule(
     *,
     lam: float = 0.8,
