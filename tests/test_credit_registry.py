@@ -42,8 +42,8 @@ def test_each_rule_runs_on_a_group(name):
     adv = group_advantages(group.rewards)
     out = get_credit_rule(name, **OPTIONS[name])(trajs, group, adv)
     assert [len(a) for a in out] == [3, 3, 3]
-    if name == "prover":  # Delta = 1 - 0 on step 2 of the only success
-        assert out[0] == pytest.approx([adv[0], adv[0] + 1.0, adv[0]])
+    if name == "prover":  # base 1 - 1/3 (the centred outcome); Delta = 1 - 0 on step 2 of the only success
+        assert out[0] == pytest.approx([2 / 3, 2 / 3 + 1.0, 2 / 3])
 
 
 @pytest.mark.parametrize("name", sorted(OPTIONS))

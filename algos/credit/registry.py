@@ -83,9 +83,10 @@ class CheckedRule:
         if group.scores:
             group = group.model_copy(update={"scores": [score for _, score in views]})
         per_step = self.rule([traj for traj, _ in views], group, advantages)
-        # A rule that builds on its own A_i (TRCA: the outcome's) says so; else it is the group's.
+        # A rule that builds on its own A_i (TRCA's and ProVer's: the outcome's) says so; else
+        # it is the group's.
         episode = getattr(self.rule, "episode_advantages", None)
-        base = episode(trajectories, advantages) if episode is not None else advantages
+        base = episode(trajectories, group, advantages) if episode is not None else advantages
         return [from_credit_steps(a_steps, o, a) for a_steps, o, a in zip(per_step, owners, base)]
 
     def __getattr__(self, name: str):
