@@ -18,6 +18,10 @@ Whose is each value (paper: the DRACO paper; ours: this project's choice):
         A_i is what GRPO gives them, and a full share (Q-bar over a few tokens) gave
         "Done." twice the per-token push of the step that computed the answer
     "attach": such a turn joins the preceding code step                     ours (an option)
+    "gap": such a turn's tokens are gap tokens (advantage 0)                the paper's letter
+        (a token outside every step gets none), an option
+    a citation of a turn without code (trajectory, gap) moves no credit      ours: no step holds
+        it; ``uncredited_citations`` counts them for the metrics
 """
 
 from __future__ import annotations
@@ -90,16 +94,20 @@ def check_base_advantage(value: str) -> str:
 
 # -- which turns are credit steps ------------------------------------------------------------
 
-TURNS_WITHOUT_CODE = ("trajectory", "attach")
+TURNS_WITHOUT_CODE = ("trajectory", "attach", "gap")
 """What credit does with a turn that has no code block (the closing message, ...):
 "trajectory": it is no credit step, its tokens get the trajectory's A_i, as in GRPO (the
 paper's step is one code block; the default); "attach": its tokens and the verdicts citing it
-join the preceding code step (a turn before any code step still gets A_i)."""
+join the preceding code step (a turn before any code step still gets A_i); "gap": its tokens
+are gap tokens and get advantage 0, the paper's letter (a token in no step gets no credit),
+so a trajectory without any code step is not trained on at all. Under "trajectory" and
+"gap" a verdict's citation of such a turn reaches no step (``uncredited_citations``)."""
 
 
 def credit_owners(trajectory: Trajectory, turns_without_code: str = "trajectory") -> list[int | None]:
     """For each step, the 1-based credit step whose advantage its tokens take: itself for a
-    code step; for a turn without code, None (A_i) or, with "attach", the preceding code step."""
+    code step; for a turn without code, None (no step: A_i, or 0 under "gap") or, with
+    "attach", the preceding code step."""
     if turns_without_code not in TURNS_WITHOUT_CODE:
         raise ValueError(f"turns_without_code must be one of {TURNS_WITHOUT_CODE}, got {turns_without_code!r}")
     owners: list[int | None] = []
@@ -139,8 +147,17 @@ def credit_view(trajectory: Trajectory, score: TrajectoryScore | None,
     return view, score.model_copy(update={"verdicts": verdicts})
 
 
+def uncredited_citations(trajectory: Trajectory, score: TrajectoryScore | None, owners: Sequence[int | None]) -> int:
+    """How many (verdict, cited turn) pairs of ``score`` point at a turn that has no credit
+    step (``owners[j]`` None): citations that move no credit."""
+    if score is None:
+        return 0
+    return sum(1 for v in score.verdicts for s in v.cited_steps if 1 <= s <= len(owners) and owners[s - 1] is None)
+
+
 def from_credit_steps(step_advantages: Sequence[float], owners: Sequence[int | None], advantage: float) -> list[float]:
-    """Each turn's advantage: its owner's a_j, or the trajectory's A_i where it has none."""
+    """Each turn's advantage: its owner's a_j, or ``advantage`` where it has none (the
+    trajectory's A_i; 0 under "gap")."""
     if len(step_advantages) != len(owners):
         raise ValueError(f"the rule gave {len(step_advantages)} step advantages for {len(owners)} steps")
     return [float(advantage) if owner is None else float(step_advantages[owner - 1]) for owner in owners]

@@ -24,7 +24,8 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from draco_gym.algos.credit.core import TURNS_WITHOUT_CODE, CreditRule, credit_owners, credit_view, from_credit_steps
+from draco_gym.algos.credit.core import (TURNS_WITHOUT_CODE, CreditRule, credit_owners, credit_view, from_credit_steps,
+                                         uncredited_citations)
 from draco_gym.registry import Registry
 from draco_gym.types import GroupScore, Trajectory
 
@@ -87,7 +88,15 @@ class CheckedRule:
         # it is the group's.
         episode = getattr(self.rule, "episode_advantages", None)
         base = episode(trajectories, group, advantages) if episode is not None else advantages
+        if self.turns_without_code == "gap":  # a turn in no step is a gap: no credit
+            base = [0.0] * len(trajectories)
         return [from_credit_steps(a_steps, o, a) for a_steps, o, a in zip(per_step, owners, base)]
+
+    def uncredited_citations(self, trajectories: Sequence[Trajectory], group: GroupScore) -> int:
+        """Citations in ``group`` of turns without code that reach no credit step."""
+        scores = list(group.scores) or [None] * len(trajectories)
+        return sum(uncredited_citations(t, s, credit_owners(t, self.turns_without_code))
+                   for t, s in zip(trajectories, scores))
 
     def __getattr__(self, name: str):
         return getattr(self.rule, name)
