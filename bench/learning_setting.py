@@ -180,3 +180,23 @@ def success_rate(algo, *, episodes_per_task: int = 32, seed: int = 10_000) -> di
     return {"success": rate, "stderr": float(np.sqrt(rate * (1 - rate) / len(wins))), "episodes": len(wins),
             "well_formed": float(np.mean([t.metrics.get("parse_errors", 0) == 0
                                           for g in groups for t in g["trajectories"]]))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m draco_gym.bench.learning_setting DIR [--layout locks|treasure]``: build the
+    warm-started Corridor policy in DIR (what ``configs/corridor_locks.yaml`` trains)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="build the warm-started tiny Corridor policy")
+    parser.add_argument("path", help="folder to build it in (reused if already built there for the same corridor)")
+    parser.add_argument("--layout", default="locks", choices=("locks", "treasure"))
+    args = parser.parse_args(argv)
+    locks = args.layout == "locks"
+    path = build_corridor_policy(args.path, env_config=LOCKS_CONFIG if locks else ENV_CONFIG,
+                                 **(LOCKS_WARM_START if locks else {}))
+    print(f"the {args.layout} Corridor policy is in {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
