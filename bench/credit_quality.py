@@ -25,7 +25,7 @@ On top of it:
   prover   the ProVer rule: eligibility, a judge-proposed segment of the shortest success
            (a true decision inside it with probability 1 - p), K = 8 continuations of the
            current policy from each restored boundary; continuation episodes count as episodes;
-           the base advantage is the group advantage of success (the paper's)
+           the base advantage is the group's mean-centred success, R_i - mean R (the paper's)
   trca     trca_credit from a rule rubric that sees transitions, not outcomes: Execution items
            fire on a decision handled well (0.8) or badly (0.4), Invalidity on a bad one (0.5),
            Evidence on filler (0.3); as the paper, A_i is the outcome's group advantage (0 in
@@ -58,7 +58,8 @@ from pathlib import Path
 import numpy as np
 
 from draco_gym.algos.credit import draco_credit, group_advantages
-from draco_gym.algos.credit.prover import apply_segment_bonus, prover_delta, prover_eligible, validate_segment
+from draco_gym.algos.credit.prover import (apply_segment_bonus, prover_base_advantages, prover_delta, prover_eligible,
+                                           validate_segment)
 from draco_gym.algos.credit.trace import TraceParams, trace_credit
 from draco_gym.algos.credit.trca import RuleFamily, outcome_advantages, trca_credit
 
@@ -232,8 +233,8 @@ def group_credit(rule: str, task: SyntheticTask, probs: np.ndarray, actions: np.
         env[:, -1] = success
         out = np.array(trca_credit(rule_hits(task, good, cfg, rng), outcome_advantages(success.tolist()),
                                    families=trca_families(cfg), env_rewards=env.tolist()))
-    elif rule == "prover":  # the GRPO advantage of success, as the paper
-        out = np.repeat(np.asarray(group_advantages(success.tolist()))[:, None], T, axis=1)
+    elif rule == "prover":  # the mean-centred success, as the paper
+        out = np.repeat(np.asarray(prover_base_advantages(success.tolist()))[:, None], T, axis=1)
         if prover_eligible(success.tolist()):
             star = int(np.flatnonzero(success)[0])  # all rollouts have T steps: the first success
             length = int(rng.integers(1, cfg.prover_max_len + 1))

@@ -1,46 +1,115 @@
-"""DRACO vs uniform credit in the real trainer: iterations of GRPO until the Corridor is solved.
+"""Credit rules in the real trainer: iterations of GRPO until a Corridor is solved, rule by rule.
 
-The setting of the learning test (``draco_gym.algos.learning``): a tiny warm-started policy,
-the Corridor-v0 environment (one pivotal step among ``--rooms``, 4), the judge-free
-``corridor`` rubric whose citations point at a wrong step with probability p, and GRPO on
-Ray/RLlib. One difference: the rubric judges each hallway with its own trap criterion
-(``--traps room``, citing that room's step) where the learning test has one for the whole
-corridor. The treasure door is then one verdict among ``rooms``, so a trajectory's advantage
-is mostly the hallways': uniform credit puts it on the pivotal step all the same, DRACO
-moves it to the steps the verdicts cite (``--traps episode`` gives the test's rubric).
+The setting (``draco_gym.bench.learning_setting``, ``LOCKS_CONFIG``): Corridor-v0's ``locks``
+layout, where every room of every task is its own decision: 4 corridors (tasks) x 4 rooms,
+one of 3 doors per room opens its lock, a different one per room and per task, and the
+observation names the corridor, the room and its doors. Each (corridor, room, door) is one
+token with its own orthogonal output row in a tiny warm-started Llama (hidden size 64), so no
+two decisions share the row that scores their choice, as in ``draco-gym bench credit``'s
+tabular policy. Success is every lock of the corridor opened (chance 1/81). GRPO on
+Ray/RLlib, 4 tasks x 8 episodes per iteration.
 
-For every p, credit rule and seed, training runs until the success rate of the iteration's
-own rollouts, averaged over the last two iterations, reaches the threshold (censored at
-``--max-iters``: an unreached run counts as ``max_iters``, and the count that got there is
-shown). A finer figure beside it: the mean success over the first k iterations, k the
-shortest run (the area under the curve every run has). Beside the ratios,
-``draco-gym bench credit``'s tabular simulation is run for the same p and rules.
+Each rule trains with the reward its paper uses:
 
-    python bench/learning.py [--seeds 5] [--ps 0,0.2,0.4] [--rules draco,uniform] [--rooms 4] [--traps room]
+    draco     the ``corridor`` rubric: one criterion per room, "Opens the lock in room k",
+              citing that room's step; with probability p a citation points at another step
+    uniform   the same rubric, every step A_i (GRPO; the paper's "w/o Cred." ablation)
+    trace     the ``outcome`` reward (A_out: the group advantage of success) and the frozen
+              base policy scoring the gold answer (the right doors, ``metadata["answer"]``)
+    prover    the ``outcome`` reward (A_i = success - mean), a simulated judge proposing the
+              pivotal step of the shortest success (the room the failures got wrong most
+              often; with probability p another step), K = 8 continuations from each of its
+              boundaries on the env runner
+    trca      the ``outcome`` episode advantage and the generic rule items per transition (a
+              locked door raises: Invalidity; an open one runs cleanly: Execution), steps
+              compared within the room they were taken in
 
-Runs go seed by seed, so ``--summarize`` on an interrupted run still compares every cell.
-The last line is the ratio uniform/draco of mean iterations at p = 0.2 (above 1: DRACO
-needs fewer iterations), beside the tabular one.
+p moves only where citations point (``corridor`` reward) and where ProVer's judge points, so
+uniform, trace and trca runs are the same for every p: each seed runs them once and the
+report shows that run under every p (``p = any`` in the saved runs).
+
+For every rule, p and seed, training runs until the success rate of the iteration's own
+rollouts, averaged over the last two iterations, reaches ``--threshold`` and for at least
+``--k`` iterations (censored at ``--max-iters``: an unreached run counts as ``max_iters``;
+the count that got there is shown). Beside it, the mean success over iterations 1..k (the
+area under the curve every run has). ``draco-gym bench credit``'s tabular simulation runs
+for the same p and rules, and its ratios stand beside the trainer's.
+
+    python bench/learning.py [--seeds 10] [--ps 0,0.2,0.4] [--rules draco,uniform,trace,prover,trca]
+
+Resumable: every finished run is saved to ``--out`` at once, and a restart skips the runs
+already there (``--summarize`` prints the report of what is saved). The last line is the
+ratio uniform/draco of mean iterations at p = 0.2 (above 1: DRACO needs fewer), beside the
+tabular one. ``--layout treasure --traps room --rules draco,uniform --threshold 0.75
+--max-iters 16 --k 0`` is the previous benchmark (one pivotal room, shared door tokens).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
+RULES = ("draco", "uniform", "trace", "prover", "trca")
+READS_P = ("draco", "prover")
+"""The rules whose runs depend on the citation noise p; the others run once per seed."""
+REWARD = {"draco": "corridor", "uniform": "corridor", "trace": "outcome", "prover": "outcome", "trca": "outcome"}
 
-def iterations_to_threshold(algo, threshold: float, max_iters: int, window: int = 2) -> tuple[int, bool, list[float]]:
-    curve = []
+
+class CorridorSegmentJudge:
+    """ProVer's judge, simulated: the pivotal step of the shortest success is the non-final
+    step whose room the failed rollouts got wrong most often (the first on a tie); with
+    probability ``p`` (seeded by the trajectory's content) it names a uniformly drawn other
+    non-final step instead. A segment of one step, the shortest ProVer allows."""
+
+    def __init__(self, p: float, seed: int) -> None:
+        self.p, self.seed = float(p), int(seed)
+
+    def __call__(self, trajectory, max_len: int, failures=()):
+        from draco_gym.reward.stages import Segment
+
+        visits = {v[0]: v for v in trajectory.metrics.get("visits", [])}
+        candidates = [j for j in visits if j < len(trajectory.steps)]
+        if not candidates:
+            return None, "no door opened before the final step"
+        wrong = Counter(v[1] for f in failures for v in f.metrics.get("visits", []) if v[3] != "open")
+        best = max(candidates, key=lambda j: (wrong[visits[j][1]], -j))
+        digest = hashlib.sha256("\x00".join(s.text for s in trajectory.steps).encode()).digest()
+        rng = np.random.default_rng([self.seed, int.from_bytes(digest[:8], "little")])
+        if rng.random() < self.p and len(candidates) > 1:
+            others = [j for j in candidates if j != best]
+            best = others[int(rng.integers(len(others)))]
+        return Segment(best, best), "ok"
+
+
+def rule_options(rule: str, p: float, seed: int) -> dict:
+    if rule == "prover":
+        return {"propose": CorridorSegmentJudge(p, seed), "K": 8}
+    return {}
+
+
+def train_until(algo, threshold: float, max_iters: int, k: int, window: int = 2,
+                log=lambda line: None) -> tuple[int, bool, list[float]]:
+    """Iterations until the mean success of the last ``window`` iterations reaches
+    ``threshold`` (or ``max_iters``), running at least ``k``; the success curve."""
+    curve, reached_at = [], None
     for i in range(1, max_iters + 1):
-        curve.append(float(algo.train()["env_runners"]["env"]["success"]))
-        if len(curve) >= window and np.mean(curve[-window:]) >= threshold:
-            return i, True, curve
-    return max_iters, False, curve
+        result = algo.train()
+        curve.append(float(result["env_runners"]["env"]["success"]))
+        log(f"  iteration {i}: success {curve[-1]:.3f}, inert {result.get('credit', {}).get('inert_share', 0):.2f}, "
+            f"{result.get('timers', {}).get('training_iteration', 0):.0f} s")
+        if reached_at is None and len(curve) >= window and np.mean(curve[-window:]) >= threshold:
+            reached_at = i
+        if reached_at is not None and i >= k:
+            break
+    return (reached_at or max_iters), reached_at is not None, curve
 
 
 def tabular_ratios(ps: list[float], seeds: int, rules: tuple[str, ...]) -> dict[float, dict[str, float]]:
@@ -49,109 +118,153 @@ def tabular_ratios(ps: list[float], seeds: int, rules: tuple[str, ...]) -> dict[
     from draco_gym.bench.credit_quality import run_benchmark
 
     rows = run_benchmark(ps, seeds, rules=tuple(dict.fromkeys(("uniform", *rules))), log=lambda *_: None)
-    return {r["p"]: {**{r2["rule"]: r2["speedup_x_uniform"] for r2 in rows if r2["p"] == r["p"]}} for r in rows}
+    return {r["p"]: {r2["rule"]: r2["speedup_x_uniform"] for r2 in rows if r2["p"] == r["p"]} for r in rows}
 
 
-def report(runs: list[dict], ps: list[float], rules: tuple[str, ...], args) -> None:
+def cell(runs: list[dict], p: float, rule: str) -> list[dict]:
+    """The runs of ``rule`` at ``p``: its own, or for a rule that does not read p its runs at any p."""
+    return [r for r in runs if r["rule"] == rule and (r["p"] == p or (r["p"] == "any" and rule not in READS_P))]
+
+
+def report(runs: list[dict], ps: list[float], rules: tuple[str, ...], args, tabular: dict | None = None) -> dict:
     """The table, the ratios beside ``bench credit``'s, and the headline ratio (last line)."""
-    out = Path(args.out)
     seeds = len({r["seed"] for r in runs})
-    tabular = tabular_ratios(ps, seeds, rules)
-    print(f"\nGRPO on Corridor-v0 ({args.rooms} rooms, 1 pivotal; treasure door 3, hallway traps behind {args.trap_doors}; "
-          f"trap criteria per {args.traps}; "
-          f"{args.tasks} tasks x 8 episodes per iteration), iterations until "
-          f"success >= {args.threshold:.0%} (mean of 2 iterations), capped at {args.max_iters}; {seeds} seeds")
-    # The curve's area over the iterations every run has (a run stops at the threshold): the
-    # mean success of iterations 1..k, finer than the integer iteration count.
-    k = min(len(r["curve"]) for r in runs)
-    print(f"{'p':>4}  {'rule':<8} {'iterations':>15} {'reached':>8}  {f'success, iterations 1-{k}':>25}")
-    summary = {}
+    tabular = tabular if tabular is not None else tabular_ratios(ps, max(seeds, 5), rules)
+    k = min([len(r["curve"]) for r in runs] + ([args.k] if args.k else []))
+    print(f"\nGRPO on Corridor-v0 ({args.layout}: {args.rooms} rooms x {args.doors} doors, {args.tasks} tasks x 8 episodes "
+          f"per iteration); iterations until success >= {args.threshold:.0%} (mean of 2 iterations), capped at "
+          f"{args.max_iters}; mean ± std over seeds; reward per rule: "
+          + ", ".join(f"{r} {REWARD[r]}" for r in rules))
+    print(f"{'p':>4}  {'rule':<8} {'iterations':>15} {'reached':>8}  {f'success, iterations 1-{k}':>25}  {'seeds':>5}")
+    summary: dict[tuple[float, str], dict] = {}
     for p in ps:
         for rule in rules:
-            cell = [r for r in runs if r["p"] == p and r["rule"] == rule]
-            its = np.array([r["iterations"] for r in cell], dtype=float)
-            area = np.array([np.mean(r["curve"][:k]) for r in cell])
-            got = sum(r["reached"] for r in cell)
-            summary[(p, rule)] = float(its.mean())
-            print(f"{p:>4.1f}  {rule:<8} {its.mean():>7.1f} ± {its.std():<5.1f} {got:>4}/{len(its)}  "
-                  f"{area.mean():>17.3f} ± {area.std():.3f}")
-    print(f"\n{'p':>4}  {'trainer uniform/draco':>22}  {'tabular uniform/draco (bench credit)':>37}")
+            runs_here = cell(runs, p, rule)
+            if not runs_here:
+                continue
+            its = np.array([r["iterations"] for r in runs_here], dtype=float)
+            area = np.array([np.mean(r["curve"][:k]) for r in runs_here])
+            got = sum(r["reached"] for r in runs_here)
+            summary[(p, rule)] = {"iterations": float(its.mean()), "iterations_std": float(its.std()),
+                                  "area": float(area.mean()), "area_std": float(area.std()),
+                                  "reached": got, "seeds": len(its)}
+            shared = "" if rule in READS_P else "  (one run serves every p)"
+            print(f"{p:>4.1f}  {rule:<8} {its.mean():>7.1f} ± {its.std():<5.1f} {got:>4}/{len(its):<3}  "
+                  f"{area.mean():>17.3f} ± {area.std():.3f}  {len(its):>5}{shared}")
+    others = [r for r in rules if r != "uniform"]
+    print(f"\nuniform's iterations / the rule's (trainer; tabular: uniform's episodes / the rule's, bench credit)")
+    print(f"{'p':>4}  " + "  ".join(f"{r:>16}" for r in others))
     for p in ps:
-        print(f"{p:>4.1f}  {summary[(p, 'uniform')] / summary[(p, 'draco')]:>21.2f}x  "
-              f"{tabular[p]['draco']:>36.2f}x")
-    if not args.summarize:
-        out.write_text(json.dumps({"args": vars(args), "runs": runs,
-                                   "tabular_speedup": {str(p): v for p, v in tabular.items()}}, indent=1))
+        cells = []
+        for r in others:
+            if (p, r) in summary and (p, "uniform") in summary:
+                mine = summary[(p, "uniform")]["iterations"] / summary[(p, r)]["iterations"]
+                cells.append(f"{mine:>5.2f}x ({tabular.get(p, {}).get(r, float('nan')):>4.2f}x)")
+            else:
+                cells.append(f"{'-':>16}")
+        print(f"{p:>4.1f}  " + "  ".join(f"{c:>16}" for c in cells))
     p_head = 0.2 if 0.2 in ps else ps[len(ps) // 2]
-    print(f"uniform/draco iterations at p={p_head}: trainer {summary[(p_head, 'uniform')] / summary[(p_head, 'draco')]:.2f}x "
-          f"(tabular {tabular[p_head]['draco']:.2f}x)")
+    if (p_head, "draco") in summary and (p_head, "uniform") in summary:
+        ratio = summary[(p_head, "uniform")]["iterations"] / summary[(p_head, "draco")]["iterations"]
+        print(f"uniform/draco iterations at p={p_head}: trainer {ratio:.2f}x "
+              f"(tabular {tabular.get(p_head, {}).get('draco', float('nan')):.2f}x)")
+    return {f"{p}/{rule}": v for (p, rule), v in summary.items()}
+
+
+def planned(seeds: int, ps: list[float], rules: tuple[str, ...]) -> list[tuple[int, float | str, str]]:
+    """Every (seed, p, rule) run, seed-major so that an interrupted run still compares every
+    rule; a rule that does not read p has one run per seed (p "any")."""
+    out = []
+    for seed in range(seeds):
+        for rule in rules:
+            for p in (ps if rule in READS_P else ["any"]):
+                out.append((seed, p, rule))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--ps", default="0,0.2,0.4", help="wrong-citation probabilities, comma-separated")
-    parser.add_argument("--rules", default="draco,uniform", help="credit rules, comma-separated")
-    parser.add_argument("--threshold", type=float, default=0.75, help="success rate to reach")
-    parser.add_argument("--max-iters", type=int, default=16)
-    parser.add_argument("--rooms", type=int, default=4, help="rooms per corridor (Corridor-v0's n_rooms)")
+    parser.add_argument("--rules", default=",".join(RULES), help="credit rules, comma-separated")
+    parser.add_argument("--threshold", type=float, default=0.5, help="success rate to reach")
+    parser.add_argument("--max-iters", type=int, default=40)
+    parser.add_argument("--k", type=int, default=20, help="every run trains at least k iterations: the curve's "
+                        "area over iterations 1..k is compared (0: the shortest run's length)")
+    parser.add_argument("--layout", default="locks", choices=("locks", "treasure"),
+                        help="locks: every room its own decision (the default); treasure: one pivotal room")
+    parser.add_argument("--rooms", type=int, default=4, help="rooms per corridor")
+    parser.add_argument("--doors", type=int, default=None, help="doors per room (default: locks 3, treasure 4)")
     parser.add_argument("--tasks", type=int, default=4, help="tasks per iteration (each a group of 8 episodes)")
-    parser.add_argument("--trap-doors", default="2", help="the hallway doors that hide traps, comma-separated "
-                        "(the treasure door is 3 of 0-3)")
     parser.add_argument("--traps", default="room", choices=("episode", "room"),
-                        help="the corridor rubric's trap criteria: one per episode or one per hallway room")
-    parser.add_argument("--out", default="bench/results/learning.json")
+                        help="treasure layout only: the rubric's trap criteria per episode or per hallway room")
+    parser.add_argument("--out", default=None, help="the saved runs (default bench/results/learning_<layout>.json)")
     parser.add_argument("--policy", default=None, help="folder of the warm-started policy: reused if built there "
                         "for the same corridor, else built (default: a new temporary folder)")
-    parser.add_argument("--summarize", action="store_true",
-                        help="only print the report of the runs saved in --out (e.g. an interrupted run)")
+    parser.add_argument("--summarize", action="store_true", help="only print the report of the runs saved in --out")
+    parser.add_argument("--verbose", action="store_true", help="print every iteration's success")
     args = parser.parse_args(argv)
+    args.doors = args.doors or (3 if args.layout == "locks" else 4)
+    args.out = args.out or f"bench/results/learning_{args.layout}.json"
     ps = [float(x) for x in args.ps.split(",")]
     rules = tuple(r.strip() for r in args.rules.split(",") if r.strip())
-    try:
-        trap_doors = [int(d) for d in args.trap_doors.split(",")]
-    except ValueError:
-        parser.error(f"--trap-doors must be comma-separated door numbers, got {args.trap_doors!r}")
+    unknown = [r for r in rules if r not in RULES]
+    if unknown:
+        parser.error(f"--rules: unknown {unknown}; known: {list(RULES)}")
     if "uniform" not in rules or "draco" not in rules:
         parser.error("--rules must include draco and uniform (the ratio is uniform/draco)")
-
+    out = Path(args.out)
+    saved = json.loads(out.read_text()) if out.is_file() else {"runs": []}
+    setting = {key: getattr(args, key) for key in ("layout", "rooms", "doors", "tasks", "traps", "threshold",
+                                                    "max_iters", "k")}
+    if saved["runs"] and saved.get("setting", setting) != setting:
+        parser.error(f"{out} holds runs of another setting {saved.get('setting')}; pass that setting, or another --out")
+    runs = saved["runs"]
     if args.summarize:
-        saved = json.loads(Path(args.out).read_text())
-        runs = saved["runs"]
-        for key in ("rooms", "tasks", "trap_doors", "traps", "threshold", "max_iters"):  # the setting the runs were made with
-            setattr(args, key, saved["args"].get(key, getattr(args, key)))
-        report(runs, [p for p in ps if any(r["p"] == p for r in runs)], rules, args)
+        report(runs, [p for p in ps if any(r["p"] in (p, "any") for r in runs)], rules, args)
         return 0
 
-    from draco_gym.algos.config import ResourcesSection
-    from draco_gym.algos.learning import ENV_CONFIG, build_corridor_policy, corridor_config
-    from draco_gym.algos.rllib.session import start_ray, stop_ray
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
 
-    out = Path(args.out)
-    start_ray(ResourcesSection(ray_num_cpus=2, object_store_memory_mb=80))
+    from draco_gym.bench.learning_setting import (ENV_CONFIG, LOCKS_CONFIG, LOCKS_WARM_START, build_corridor_policy,
+                                                  corridor_config)
+
+    if args.layout == "locks":
+        env_config = {**LOCKS_CONFIG, "n_rooms": args.rooms, "n_doors": args.doors, "n_tasks": args.tasks}
+    else:
+        env_config = {**ENV_CONFIG, "n_rooms": args.rooms, "n_doors": args.doors}
+    todo = [(seed, p, rule) for seed, p, rule in planned(args.seeds, ps, rules)
+            if not any(r["seed"] == seed and r["p"] == p and r["rule"] == rule for r in runs)]
+    print(f"{len(runs)} runs saved in {out}, {len(todo)} to go", flush=True)
+    ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False)
     start = time.perf_counter()
-    env_config = {**ENV_CONFIG, "n_rooms": args.rooms, "trap_doors": trap_doors}
-    policy = build_corridor_policy(Path(args.policy or tempfile.mkdtemp(prefix="corridor_policy_")), env_config=env_config)
-    runs = []
-    for seed in range(args.seeds):  # seed-major: an interrupted run still compares every cell
-        for p in ps:
-            for rule in rules:
-                algo = corridor_config(policy, credit=rule, p=p, seed=seed, env_config=env_config,
-                                       reward_options={"traps": args.traps},
-                                       tasks_per_iteration=args.tasks).build_algo()
-                try:
-                    iters, reached, curve = iterations_to_threshold(algo, args.threshold, args.max_iters)
-                finally:
-                    algo.stop()
-                runs.append({"p": p, "rule": rule, "seed": seed, "iterations": iters, "reached": reached,
-                             "curve": curve})
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1))  # progress so far
-                print(f"p={p:.1f} {rule:<8} seed {seed}: {iters:>3} iterations{'' if reached else ' (not reached)'}"
-                      f"  ({time.perf_counter() - start:5.0f} s)", flush=True)
-    stop_ray()
-
-    report(runs, ps, rules, args)
+    warm = LOCKS_WARM_START if args.layout == "locks" else {}
+    policy = build_corridor_policy(Path(args.policy or tempfile.mkdtemp(prefix="corridor_policy_")), env_config=env_config,
+                                   **warm)
+    for n, (seed, p, rule) in enumerate(todo, start=1):
+        p_value = 0.0 if p == "any" else p
+        reward_options = {"traps": args.traps} if args.layout == "treasure" else {}
+        algo = corridor_config(policy, credit=rule, p=p_value, seed=seed, env_config=env_config,
+                               reward=REWARD[rule], reward_options=reward_options, tasks_per_iteration=args.tasks,
+                               credit_options=rule_options(rule, p_value, seed),
+                               max_new_tokens=12 if args.layout == "locks" else 8).build_algo()
+        began = time.perf_counter()
+        try:
+            iters, reached, curve = train_until(algo, args.threshold, args.max_iters, args.k,
+                                                log=lambda line: print(line, flush=True) if args.verbose else None)
+        finally:
+            algo.stop()
+        runs.append({"p": p, "rule": rule, "seed": seed, "iterations": iters, "reached": reached, "curve": curve,
+                     "seconds": time.perf_counter() - began})
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"setting": setting, "runs": runs}, indent=1))  # progress so far
+        print(f"[{n}/{len(todo)}] p={p} {rule:<8} seed {seed}: {iters:>3} iterations{'' if reached else ' (not reached)'}"
+              f", {len(curve)} run in {time.perf_counter() - began:4.0f} s ({time.perf_counter() - start:6.0f} s in all)",
+              flush=True)
+    ray.shutdown()
+    summary = report(runs, ps, rules, args)
+    out.write_text(json.dumps({"setting": setting, "runs": runs, "summary": summary}, indent=1))
     return 0
 
 

@@ -19,6 +19,10 @@ the last step). Each verdict then cites one step, as DRACO's judge is asked to, 
 weighs the treasure door 1 : (rooms - 1) against the hallways: the pivotal step's share of
 a trajectory's advantage shrinks with the corridor, which is what uniform credit pays for
 and DRACO's per-step redistribution should not.
+On the ``locks`` layout (every room its own decision) the rubric is one criterion per room,
+"Opens the lock in room k", citing the step that opened a door there (a room never reached:
+FAIL at the last step), and the valid-call criterion; ``traps`` does not apply.
+
 With probability ``p`` each citation instead points at a wrong step, drawn uniformly from
 the episode's other steps: the judge's attribution error, the quantity the credit
 benchmark varies. The draw is seeded from ``seed`` and the episode's own content, so a
@@ -46,6 +50,11 @@ def room_trap(room: int) -> str:
     return f"Avoids the trap in room {room}"
 
 
+def room_lock(room: int) -> str:
+    """The title of room ``room``'s criterion on the ``locks`` layout."""
+    return f"Opens the lock in room {room}"
+
+
 @REWARDS.register("corridor")
 class CorridorReward(RubricReward):
     """``p``: probability that a verdict cites a wrong step; ``seed``: the noise's seed;
@@ -69,6 +78,14 @@ class CorridorReward(RubricReward):
     def score_group(self, task: Task, trajectories: Sequence[Trajectory]) -> GroupScore:
         trajectories = check_group(task, trajectories)
         rooms = int(task.metadata.get("n_rooms", 0))
+        valid = Criterion(title=VALID, origin="rule",
+                          description="Every message is exactly one open_door(n) call with a valid door.")
+        if task.metadata.get("layout") == "locks" and rooms >= 1:
+            criteria = [Criterion(title=room_lock(room), origin="rule",
+                                  description=f"The door opened in room {room} is the one that opens its lock.")
+                        for room in range(1, rooms + 1)]
+            verdicts = [self._verdicts(t, criteria + [valid], 0) for t in trajectories]
+            return finalize_group(criteria + [valid], verdicts, dropout=self.dropout)
         pivot = int(task.metadata.get("pivot_room", 0))
         if not 1 <= pivot <= rooms:
             raise ValueError(f"task {task.id!r} is not a Corridor task (its metadata lacks pivot_room / n_rooms)")
@@ -80,8 +97,7 @@ class CorridorReward(RubricReward):
                          for room in range(1, rooms + 1) if room != pivot]
         else:
             criteria.append(Criterion(title=TRAPS, origin="rule", description="No door opened in a hallway is a trap."))
-        criteria.append(Criterion(title=VALID, origin="rule",
-                                  description="Every message is exactly one open_door(n) call with a valid door."))
+        criteria.append(valid)
         verdicts = [self._verdicts(t, criteria, pivot) for t in trajectories]
         return finalize_group(criteria, verdicts, dropout=self.dropout)
 
@@ -93,6 +109,13 @@ class CorridorReward(RubricReward):
         rng = np.random.default_rng([self.seed, _digest(traj)])
         out = []
         for criterion in criteria:
+            if criterion.title.startswith("Opens the lock in room "):
+                room = int(criterion.title.rsplit(" ", 1)[1])
+                step, outcome = by_room.get(room, (last, None))
+                out.append(Verdict(criterion=criterion.title, score=1 if outcome == "open" else -1,
+                                   cited_steps=[self._cite(step, len(traj.steps), rng)],
+                                   evidence=f"room {room}: {outcome or 'never reached'}"))
+                continue
             if criterion.title.startswith("Avoids the trap in room "):
                 room = int(criterion.title.rsplit(" ", 1)[1])
                 step, outcome = by_room.get(room, (last, None))

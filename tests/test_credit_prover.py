@@ -21,7 +21,7 @@ from draco_gym.algos.credit.prover import (
     shortest_success,
     validate_segment,
 )
-from draco_gym.types import GroupScore, Step, Task, Trajectory
+from draco_gym.types import GroupScore, Step, Task, Trajectory, TrajectoryScore, Verdict
 
 
 def _traj(n_steps, success, task_id="t"):
@@ -157,21 +157,47 @@ def test_rule_credits_the_segment_of_the_shortest_success():
     group = [_traj(6, False), _traj(5, True), _traj(6, True), _traj(4, False), _traj(6, False)]  # rate 0.4
     conts = FakeContinuations({1: [0, 0, 1, 0], 3: [1, 1, 1, 0]})  # pre after step 1, post after step 3
     rule = ProVerRule(conts, lambda traj, max_len: (Segment(2, 3), "ok"), K=4, lam=1.0)
-    adv = [-0.5, 1.2, 1.2, -0.5, -1.4]
-    out = rule(group, GroupScore(), adv)
-    # the shortest success is trajectory 1 (5 steps); Delta = 0.75 - 0.25 = 0.5 on its steps 2..3
-    assert out[1] == pytest.approx([1.2, 1.7, 1.7, 1.2, 1.2])
-    assert [out[i] for i in (0, 2, 3, 4)] == [[a] * len(group[i].steps) for i, a in zip((0, 2, 3, 4), (-0.5, 1.2, -0.5, -1.4))]
+    out = rule(group, GroupScore(), [9.0] * 5)  # the handed (reward) advantages are not ProVer's base
+    # base: the mean-centred outcome, R - 0.4 = [-0.4, 0.6, 0.6, -0.4, -0.4]; the shortest
+    # success is trajectory 1 (5 steps); Delta = 0.75 - 0.25 = 0.5 on its steps 2..3
+    assert out[1] == pytest.approx([0.6, 1.1, 1.1, 0.6, 0.6])
+    for i, a in zip((0, 2, 3, 4), (-0.4, 0.6, -0.4, -0.4)):
+        assert out[i] == pytest.approx([a] * len(group[i].steps))
     # the boundaries replay exactly the messages before step 2 and through step 3
     assert [c[1] for c in conts.calls] == [[s.text for s in group[1].steps[:1]], [s.text for s in group[1].steps[:3]]]
     assert rule.stats == {"groups": 1, "credited": 1} and rule.last["delta"] == 0.5
+
+
+def test_base_advantage_is_the_mean_centred_outcome_by_hand():
+    """G = 8, one success: the paper's base is R - mean = 1 - 1/8 = 0.875 for the winner and
+    -0.125 for the losers; GRPO's standardised one divides by std = sqrt(1/8 * 7/8) = 0.330719:
+    2.645751 and -0.377964. A bonus Delta = 0.5 on the segment is 0.57 of the centred A_i
+    and 0.19 of the standardised one."""
+    group = [_traj(3, i == 2) for i in range(8)]
+    conts = FakeContinuations({0: [0, 0, 1, 0], 1: [1, 1, 1, 0]})  # pre before step 1, post after it
+    centred = ProVerRule(conts, lambda traj, max_len: (Segment(1, 1), "ok"), K=4)(group, GroupScore(), [0.0] * 8)
+    assert centred[2] == pytest.approx([1.375, 0.875, 0.875])
+    assert centred[0] == pytest.approx([-0.125] * 3)
+    standardised = get_credit_rule("prover", continue_fn=conts, propose=lambda t, m: (Segment(1, 1), "ok"), K=4,
+                                   base_scale="standardised")(group, GroupScore(), [0.0] * 8)
+    assert standardised[2] == pytest.approx([3.145751, 2.645751, 2.645751], abs=1e-5)
+    assert standardised[0] == pytest.approx([-0.377964] * 3, abs=1e-5)
+    # on the run's reward instead (base_advantage="reward"): centred R of the group's rewards,
+    # or, standardised, the advantages as handed in
+    rewards = GroupScore(scores=[TrajectoryScore.from_verdicts([Verdict(criterion="c", score=1 if i == 2 else -1)])
+                                 for i in range(8)])
+    on_reward = ProVerRule(FakeContinuations({0: [0] * 8, 1: [0] * 8}), lambda t, m: (Segment(1, 1), "ok"),
+                           base_advantage="reward")(group, rewards, [0.0] * 8)
+    assert on_reward[2] == pytest.approx([1.75] * 3) and on_reward[0] == pytest.approx([-0.25] * 3)  # R = +1 / -1
+    with pytest.raises(ValueError, match="base_scale must be one of"):
+        get_credit_rule("prover", continue_fn=conts, propose=lambda t, m: (None, ""), base_scale="zscore")
 
 
 def test_a_custom_proposers_segment_is_validated_too():
     conts = FakeContinuations({})
     rule = ProVerRule(conts, lambda traj, max_len: (Segment(2, 3), "ok"))  # 3 is the final step
     group = [_traj(3, True), _traj(3, False), _traj(3, False)]
-    assert rule(group, GroupScore(), [1.0, -0.5, -0.5])[0] == [1.0, 1.0, 1.0]
+    assert rule(group, GroupScore(), [1.0, -0.5, -0.5])[0] == pytest.approx([2 / 3] * 3)  # 1 - 1/3, no bonus
     assert rule.stats["no_segment"] == 1 and "final step 3" in rule.last["proposal"] and conts.calls == []
 
 
@@ -180,9 +206,10 @@ def test_ineligible_groups_cost_nothing():
         raise AssertionError("no continuations for an ineligible group")
 
     rule = ProVerRule(never, lambda t, m: (Segment(1, 1), "ok"))
-    for successes in ([True, True, False, False], [False] * 4, [True] * 4):
+    for successes, base in (([True, True, False, False], [0.5, 0.5, -0.5, -0.5]), ([False] * 4, [0.0] * 4),
+                            ([True] * 4, [0.0] * 4)):
         group = [_traj(3, s) for s in successes]
-        assert rule(group, GroupScore(), [0.1] * 4) == [[0.1] * 3] * 4
+        assert rule(group, GroupScore(), [0.1] * 4) == [[a] * 3 for a in base]
     assert rule.stats["ineligible"] == 3
 
 
@@ -270,10 +297,11 @@ def test_prover_on_python_tools(tools_env):
     judge = ScriptedJudge(['{"start": 2, "end": 4}', '{"start": 2, "end": 2, "reason": "counts the orders"}'])
     rule = get_credit_rule("prover", continue_fn=EnvContinuations(tools_env, submit_n_policy), judge=judge, K=2)
     out = rule(group, GroupScore(), [-0.58, -0.58, 1.73, -0.58])
-    # the judge's first answer ends on the final step: repaired; segment 2..2;
-    # R_pre (after step 1) = [0, 0], R_post (after step 2) = [1, 1]: Delta = 1 on step 2
-    assert out[2] == pytest.approx([1.73, 2.73, 1.73, 1.73])
-    assert out[0] == [-0.58, -0.58]
+    # base R - 1/4: 0.75 for the winner, -0.25 for the losers. The judge's first answer ends on
+    # the final step: repaired; segment 2..2; R_pre (after step 1) = [0, 0], R_post (after
+    # step 2) = [1, 1]: Delta = 1 on step 2
+    assert out[2] == pytest.approx([0.75, 1.75, 0.75, 0.75])
+    assert out[0] == [-0.25, -0.25]
     assert rule.last["proposal"] == "repaired" and rule.last["pre"] == [0.0, 0.0] and rule.last["post"] == [1.0, 1.0]
 
 
@@ -309,12 +337,13 @@ def test_failed_restarts_and_one_step_successes_cost_the_bonus_not_the_run():
 
     rule = ProVerRule(broken, lambda t, m: (Segment(1, 1), "ok"))
     group = [_traj(3, True), _traj(3, False), _traj(3, False)]
-    assert rule(group, GroupScore(), [1.0, -0.5, -0.5]) == [[1.0] * 3, [-0.5] * 3, [-0.5] * 3]
+    out = rule(group, GroupScore(), [1.0, -0.5, -0.5])
+    assert [a for per_step in out for a in per_step] == pytest.approx([2 / 3] * 3 + [-1 / 3] * 6)  # the base, no bonus
     assert rule.stats["continuation_error"] == 1 and "sandbox died" in rule.last["error"]
 
     def never(*args):
         raise AssertionError("no judge call for a one-step success")
 
     rule = ProVerRule(never, never)
-    assert rule([_traj(1, True), _traj(2, False), _traj(2, False)], GroupScore(), [1.0, 0.0, 0.0])[0] == [1.0]
+    assert rule([_traj(1, True), _traj(2, False), _traj(2, False)], GroupScore(), [1.0, 0.0, 0.0])[0] == pytest.approx([2 / 3])
     assert rule.stats["too_short"] == 1

@@ -42,8 +42,8 @@ def test_each_rule_runs_on_a_group(name):
     adv = group_advantages(group.rewards)
     out = get_credit_rule(name, **OPTIONS[name])(trajs, group, adv)
     assert [len(a) for a in out] == [3, 3, 3]
-    if name == "prover":  # Delta = 1 - 0 on step 2 of the only success
-        assert out[0] == pytest.approx([adv[0], adv[0] + 1.0, adv[0]])
+    if name == "prover":  # base 1 - 1/3 (the centred outcome); Delta = 1 - 0 on step 2 of the only success
+        assert out[0] == pytest.approx([2 / 3, 2 / 3 + 1.0, 2 / 3])
 
 
 @pytest.mark.parametrize("name", sorted(OPTIONS))
@@ -54,6 +54,34 @@ def test_trainer_config_selects_each_rule(name):
     trajs, group = _group()
     rule = get_credit_rule(config.credit, **config.credit_options)
     assert len(rule(trajs, group, group_advantages(group.rewards))) == 3
+
+
+@pytest.mark.parametrize("name", sorted(OPTIONS))
+def test_each_rule_is_registered_where_it_is_defined(name):
+    """The decorator sits on the rule's own factory, in the rule's own module."""
+    entry = CREDIT_RULES.get(name)
+    assert entry.__module__ == f"draco_gym.algos.credit.{name}" and entry.__name__ == f"{name}_rule"
+
+
+def test_a_rule_registers_with_the_decorator(monkeypatch):
+    """A new rule joins by decorator, gets the group check and the step boundary, and its
+    factory is returned unwrapped; a second rule under a taken name is refused."""
+    from draco_gym.algos.credit import credit_rule
+
+    monkeypatch.setattr(CREDIT_RULES, "_entries", dict(CREDIT_RULES._entries))
+
+    @credit_rule("last_step_only", reads_scores=True)
+    def last_step_only(scale: float = 1.0):
+        return lambda trajs, group, adv: [[0.0] * (len(t.steps) - 1) + [scale * a] for t, a in zip(trajs, adv)]
+
+    trajs, group = _group()
+    assert get_credit_rule("last_step_only", scale=2.0)(trajs, group, [1.0, -0.5, -0.5]) == [
+        [0.0, 0.0, 2.0], [0.0, 0.0, -1.0], [0.0, 0.0, -1.0]]
+    assert last_step_only()(trajs, group, [1.0, 0.0, 0.0])[0] == [0.0, 0.0, 1.0]  # the factory itself, unwrapped
+    with pytest.raises(ValueError, match="group sizes differ: 3 trajectories, 2 advantages, 3 scores"):
+        get_credit_rule("last_step_only")(trajs, group, [1.0, -1.0])
+    with pytest.raises(ValueError, match="'draco' is already registered"):
+        credit_rule("draco")(last_step_only)
 
 
 def test_unknown_rule_names_the_known_ones():

@@ -65,6 +65,70 @@ def test_attach_mode_joins_the_closing_turn_to_the_preceding_code_step():
     assert sum(n * x for n, x in zip(traj.step_tokens, a)) == pytest.approx(84.0)
 
 
+def test_gap_mode_gives_the_closing_turn_no_advantage():
+    # The paper's letter: a token in no step is a gap token. Code steps as in the default
+    # (a = [4/3, 2/3], the citation of step 3 reaches no step), the closing turn gets 0:
+    # total push 53.33 + 26.67 = 80 = A_i * N over the code steps' tokens only.
+    traj = closing_trajectory()
+    rule = get_credit_rule("draco", turns_without_code="gap")
+    [a] = rule([traj], group_of(traj), [1.0])
+    assert a == pytest.approx([4 / 3, 2 / 3, 0.0])
+    assert sum(n * x for n, x in zip(traj.step_tokens, a)) == pytest.approx(80.0)
+    [lose] = rule([traj], group_of(traj), [-1.0])  # loser: w = [0, 1/2] -> a = [0, -2], closing turn 0
+    assert lose == pytest.approx([0.0, -2.0, 0.0])
+    # a trajectory with no code step at all is not trained on
+    only_text = Trajectory(task=TASK, steps=[Step(index=1, text="I cannot do this.", n_tokens=5)])
+    score = TrajectoryScore.from_verdicts([Verdict(criterion="answers", score=-1, cited_steps=[1])])
+    assert rule([only_text], GroupScore(scores=[score]), [-0.5]) == [[0.0]]
+    # through apply_credit, the closing turn's 4 tokens carry 0 like the prompt's
+    winner, loser = closing_trajectory(), closing_trajectory()
+    group = group_of(winner, loser).model_copy(update={"scores": [
+        TrajectoryScore.from_verdicts(VERDICTS), TrajectoryScore(reward=-1.0)]})
+    batch = apply_credit([{"trajectories": [winner, loser], "score": group}], rule)
+    assert batch.token_advantages[0][-4:] == [0.0] * 4 and batch.token_advantages[1][-4:] == [0.0] * 4
+
+
+def test_citations_of_turns_without_code_are_counted():
+    # VERDICTS cite the closing turn once; two trajectories carry them: 2 citations reach no
+    # step under "trajectory" and "gap", none under "attach" (they join step 2).
+    winner, other = closing_trajectory(), closing_trajectory()
+    groups = [{"trajectories": [winner, other], "score": group_of(winner, other)}]
+    assert apply_credit(groups, get_credit_rule("draco")).uncredited_citations == 2
+    assert apply_credit(groups, get_credit_rule("draco", turns_without_code="gap")).uncredited_citations == 2
+    assert apply_credit(groups, get_credit_rule("draco", turns_without_code="attach")).uncredited_citations == 0
+    assert apply_credit(groups, get_credit_rule("uniform")).uncredited_citations == 2  # every rule is counted
+
+
+def test_the_papers_inert_share_counts_unanimous_rollouts():
+    # Four rollouts of two code steps: mixed verdicts (3 PASS, 1 FAIL), all PASS, all FAIL,
+    # none surviving. The paper's inert share counts the rollouts whose verdicts agree: 3/4.
+    # Ours counts rollouts with A_i != 0 whose steps all got exactly A_i: the all-PASS one has
+    # steps of 10 and 30 tokens, so DRACO's equal weights still give a = A_i * 40 / (n_j * 2) =
+    # [2 A_i, 2/3 A_i] (the paper's P2), not A_i; the all-FAIL (10 + 10 tokens) and the uncited
+    # one keep A_i: 2/4.
+    def traj(lengths):
+        steps = [Step(index=j, text="x", code="x", n_tokens=n) for j, n in enumerate(lengths, start=1)]
+        token_step = [j for j, n in enumerate(lengths, start=1) for _ in range(n)]
+        return Trajectory(task=TASK, steps=steps, token_ids=[0] * len(token_step), token_step=token_step)
+
+    v = lambda score, step: Verdict(criterion=f"c{step}{score}", score=score, cited_steps=[step])
+    scores = [TrajectoryScore.from_verdicts([v(1, 1), v(1, 1), v(1, 2), v(-1, 2)]),
+              TrajectoryScore.from_verdicts([v(1, 1), v(1, 2)]),
+              TrajectoryScore.from_verdicts([v(-1, 1)]),
+              TrajectoryScore.from_verdicts([])]
+    trajs = [traj([10, 10]), traj([10, 30]), traj([10, 10]), traj([10, 10])]
+    batch = apply_credit([{"trajectories": trajs, "score": GroupScore(scores=scores)}], get_credit_rule("draco"))
+    assert [s.reward for s in scores] == [0.5, 1.0, -1.0, 0.0]
+    a_2 = batch.group_advantages[0][1]
+    assert batch.step_advantages[1] == pytest.approx([2 * a_2, 2 / 3 * a_2])
+    assert batch.paper_inert_share == 0.75
+    assert batch.inert_credit_share == 0.5
+    # the outcome reward has no verdicts: every rollout is unanimous in the paper's sense
+    outcome = GroupScore(scores=[TrajectoryScore(reward=1.0), TrajectoryScore(reward=0.0)])
+    plain = apply_credit([{"trajectories": trajs[:2], "score": outcome}], get_credit_rule("uniform"))
+    assert plain.paper_inert_share == 1.0
+
+
 def test_the_closing_message_no_longer_gets_the_biggest_per_token_push():
     # With every turn a step (the old reading), the closing message took Q = 1 over 4 tokens:
     # w = [1, 1/2, 1], a_3 = 84 / (4 * 2.5) = 8.4, six times a_1 = 0.84. Now it gets A_i.
@@ -97,12 +161,13 @@ def test_a_trajectory_without_any_code_step_gets_a_i_everywhere():
 def test_trace_runs_over_code_steps_only():
     # l_0..l_3 = [-2, -1, -0.5, -0.1]; code steps 1, 2 read l_0, l_1, l_2: d = [2.1, 1.1, 0.6],
     # V = [0, log(2.1/1.1), log(2.1/0.6)] = [0, 0.646627, 1.252763], delta = [0.646627, 0.606136].
-    # T = 2, K = 3, gamma = 0.8, A_out = 1: r_1 = (0.646627 + 0.8 * 0.606136) / 1.8 + 2 * 0.8 = 2.228631,
-    # r_2 = 0.606136 + 2 = 2.606136; a = 1 + 0.2 r = [1.445726, 1.521227]; the closing turn: A_out = 1.
+    # T = 2, K = 3, gamma = 0.8, A_out = 1, fill 2 * 0.8^(T-k+1): r_1 = (0.646627 + 0.8 * 0.606136) / 1.8
+    # + 2 * 0.64 = 1.908631, r_2 = 0.606136 + 2 * 0.8 = 2.206136; a = 1 + 0.2 r = [1.381726, 1.441227];
+    # the closing turn: A_out = 1.
     traj = closing_trajectory()
     rule = get_credit_rule("trace", scorer=lambda t: [-2.0, -1.0, -0.5, -0.1])
     [a] = rule([traj], GroupScore(), [1.0])
-    assert a == pytest.approx([1.445726, 1.521227, 1.0], abs=1e-6)
+    assert a == pytest.approx([1.381726, 1.441227, 1.0], abs=1e-6)
 
 
 def test_unknown_mode_is_refused_naming_the_choices():
@@ -291,8 +356,9 @@ def test_a_two_argument_proposer_still_works():
     group = [_prover_traj(4, True, "won"), _prover_traj(4, False, "a"), _prover_traj(4, False, "b")]
     rule = ProVerRule(lambda task_id, prefix, k: [len(prefix) / 4] * k, lambda traj, max_len: (Segment(2, 3), "ok"),
                       K=2)
-    # Delta = mean(post after step 3) - mean(pre after step 1) = 3/4 - 1/4 = 0.5 on steps 2..3
-    assert rule(group, GroupScore(), [1.0, -0.5, -0.5])[0] == pytest.approx([1.0, 1.5, 1.5, 1.0])
+    # base 1 - 1/3 = 2/3 (the centred outcome); Delta = mean(post after step 3) - mean(pre after
+    # step 1) = 3/4 - 1/4 = 0.5 on steps 2..3
+    assert rule(group, GroupScore(), [1.0, -0.5, -0.5])[0] == pytest.approx([2 / 3, 2 / 3 + 0.5, 2 / 3 + 0.5, 2 / 3])
 
 
 def test_the_trainer_builds_its_rule_with_the_configured_step_boundary():

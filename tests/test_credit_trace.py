@@ -10,16 +10,17 @@ from draco_gym.algos.credit import CREDIT_RULES, get_credit_rule
 from draco_gym.algos.credit.trace import TraceParams, trace_credit, trace_turn_rewards, trace_values
 from draco_gym.types import GroupScore, Step, Task, Trajectory
 
-# Hand example, T = 4 steps, eps = 0.1, K = 3, gamma = 0.8, lambda_term = 2, A_out = 1:
+# Hand example, T = 4 steps, eps = 0.1, K = 3, gamma = 0.8, lambda_term = 2, A_out = 1; the
+# fill is lambda_term * gamma^(T-k+1) * A_out (the reference implementation's gamma^(T-t), t = k-1):
 #   l       = [-2.0, -1.0, -1.0, -0.4, -0.1]
 #   d = -l + 0.1 = [2.1, 1.1, 1.1, 0.5, 0.2]
 #   V = log(2.1 / d) = [0, 0.646627, 0.646627, 1.435085, 2.351375]
 #   delta_k = [log(2.1/1.1), 0, log(1.1/0.5), log(0.5/0.2)] = [0.646627, 0, 0.788457, 0.916291]
 #   r_1: m = 3, (0.646627 + 0.8*0 + 0.64*0.788457) / 2.44 = 1.151240 / 2.44 = 0.471820 (1+3-1 < 4: no fill)
-#   r_2: m = 3, (0 + 0.8*0.788457 + 0.64*0.916291) / 2.44 = 0.498849, + 2 * 0.8^2 * 1 = 1.778849
-#   r_3: m = 2, (0.788457 + 0.8*0.916291) / 1.8 = 0.845272, + 2 * 0.8 * 1 = 2.445272
-#   r_4: m = 1, 0.916291 + 2 * 1 = 2.916291
-#   a_k = 1.0 * 1 + 0.2 * r_k = [1.094364, 1.355770, 1.489054, 1.583258]
+#   r_2: m = 3, (0 + 0.8*0.788457 + 0.64*0.916291) / 2.44 = 0.498849, + 2 * 0.8^3 * 1 = 1.522849
+#   r_3: m = 2, (0.788457 + 0.8*0.916291) / 1.8 = 0.845272, + 2 * 0.8^2 * 1 = 2.125272
+#   r_4: m = 1, 0.916291 + 2 * 0.8 * 1 = 2.516291
+#   a_k = 1.0 * 1 + 0.2 * r_k = [1.094364, 1.304570, 1.425054, 1.503258]
 L = [-2.0, -1.0, -1.0, -0.4, -0.1]
 
 
@@ -29,21 +30,21 @@ def test_values_by_hand():
 
 def test_turn_rewards_by_hand():
     r = trace_turn_rewards(trace_values(L), 1.0)
-    assert r == pytest.approx([0.471820, 1.778849, 2.445272, 2.916291], abs=1e-6)
+    assert r == pytest.approx([0.471820, 1.522849, 2.125272, 2.516291], abs=1e-6)
 
 
 def test_credit_by_hand():
-    assert trace_credit(L, 1.0) == pytest.approx([1.094364, 1.355770, 1.489054, 1.583258], abs=1e-6)
+    assert trace_credit(L, 1.0) == pytest.approx([1.094364, 1.304570, 1.425054, 1.503258], abs=1e-6)
     # A_out = -0.5 changes the mix and the fill, not the deltas:
-    #   a_2 = -0.5 + 0.2 * (0.498849 + 2 * 0.64 * -0.5) = -0.528230
-    assert trace_credit(L, -0.5)[1] == pytest.approx(-0.528230, abs=1e-6)
+    #   a_2 = -0.5 + 0.2 * (0.498849 + 2 * 0.512 * -0.5) = -0.502630
+    assert trace_credit(L, -0.5)[1] == pytest.approx(-0.502630, abs=1e-6)
 
 
 def test_flat_reference_gives_outcome_only():
     # the reference never changes its mind: every delta is 0, only the outcome terms remain
     params = TraceParams(K=2, gamma=0.5, lambda_term=1.0, alpha_out=1.0, alpha_turn=1.0)
-    # T = 3: steps 2 and 3 reach the end (k + K - 1 >= 3): fills 0.5^1 and 0.5^0
-    assert trace_credit([-1.0] * 4, 2.0, params) == pytest.approx([2.0, 2.0 + 1.0, 2.0 + 2.0])
+    # T = 3: steps 2 and 3 reach the end (k + K - 1 >= 3): fills 0.5^2 and 0.5^1 of 2.0
+    assert trace_credit([-1.0] * 4, 2.0, params) == pytest.approx([2.0, 2.0 + 0.5, 2.0 + 1.0])
 
 
 def test_window_is_truncated_at_k():
@@ -56,12 +57,12 @@ def test_window_is_truncated_at_k():
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.floats(-20, 0), min_size=2, max_size=12), st.floats(-3, 3), st.integers(1, 5))
 def test_affine_in_the_outcome_advantage(logprobs, a_out, K):
-    # a_k(A) = a_k(0) + A * (alpha_out + alpha_turn * lambda_term * gamma^(T-k) [k + K - 1 >= T])
+    # a_k(A) = a_k(0) + A * (alpha_out + alpha_turn * lambda_term * gamma^(T-k+1) [k + K - 1 >= T])
     p = TraceParams(K=K)
     T = len(logprobs) - 1
     base, moved = trace_credit(logprobs, 0.0, p), trace_credit(logprobs, a_out, p)
     for k in range(1, T + 1):
-        slope = p.alpha_out + (p.alpha_turn * p.lambda_term * p.gamma ** (T - k) if k + K - 1 >= T else 0.0)
+        slope = p.alpha_out + (p.alpha_turn * p.lambda_term * p.gamma ** (T - k + 1) if k + K - 1 >= T else 0.0)
         assert moved[k - 1] == pytest.approx(base[k - 1] + a_out * slope, abs=1e-9)
 
 

@@ -162,7 +162,7 @@ def test_worked_example_env_reward_and_state_keyed_groups():
     assert out[1] == pytest.approx([-1.439569, -1.707107], abs=1e-5)
     assert out[2] == pytest.approx([-1.388552, -0.707107], abs=1e-5)
     # the A_i it builds on, for the tokens of turns it does not credit: the outcome's
-    assert rule.episode_advantages(group, [0.0, 0.0, 0.0]) == pytest.approx([1.414214, -0.707107, -0.707107], abs=1e-5)
+    assert rule.episode_advantages(group, GroupScore(), [0.0, 0.0, 0.0]) == pytest.approx([1.414214, -0.707107, -0.707107], abs=1e-5)
     # grouped by turn instead, C's step 2 (a different state) would be compared with A's and B's
     by_turn = get_credit_rule("trca", families=FAMS, hits=hits_from_step_info, context_key="index")(
         group, GroupScore(), [0.0, 0.0, 0.0])

@@ -51,7 +51,7 @@ pytest.importorskip("peft")
 
 
 def corridor_config(tmp_path, policy, **warm) -> Path:
-    from draco_gym.algos.learning import ENV_CONFIG
+    from draco_gym.bench.learning_setting import ENV_CONFIG
 
     path = tmp_path / "corridor.yaml"
     path.write_text(json.dumps({
@@ -64,7 +64,7 @@ def corridor_config(tmp_path, policy, **warm) -> Path:
 
 
 def test_warm_start_from_config_trains_once_and_reuses(tmp_path, capsys):
-    from draco_gym.algos.learning import build_corridor_policy
+    from draco_gym.bench.learning_setting import build_corridor_policy
     from draco_gym.algos.cli.sft import warm_start_from_config
 
     policy = build_corridor_policy(tmp_path / "policy")

@@ -17,8 +17,8 @@ def reference_accuracy(model_dir, task_ids) -> float:
 
     from draco_gym.algos.policy.chat import ChatFormat
     from draco_gym.algos.policy.generation import TorchSampler
-    from draco_gym.algos.learning import ENV_CONFIG
-    from draco_gym.algos.policy.lm import load_causal_lm
+    from draco_gym.bench.learning_setting import ENV_CONFIG
+    from draco_gym.algos.rllib.module import load_causal_lm
     from draco_gym.algos.policy.rollout import Episode, EpisodeLimits, run_episodes
     from draco_gym.envs.corridor import CorridorEnv
 
@@ -35,7 +35,7 @@ def reference_accuracy(model_dir, task_ids) -> float:
 
 
 def test_sft_command_teaches_the_reference_solutions(tmp_path):
-    from draco_gym.algos.learning import ENV_CONFIG, build_corridor_policy
+    from draco_gym.bench.learning_setting import ENV_CONFIG, build_corridor_policy
 
     policy = build_corridor_policy(tmp_path / "policy")
     config = tmp_path / "corridor.yaml"

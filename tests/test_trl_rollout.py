@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
-from draco_gym.algos.learning import ENV_CONFIG, ENV_ID, build_corridor_policy  # noqa: E402
+from draco_gym.bench.learning_setting import ENV_CONFIG, ENV_ID, build_corridor_policy  # noqa: E402
 from draco_gym.algos.trl import EnvRollout, task_dataset  # noqa: E402
 from draco_gym.reward import TRLReward, build_reward  # noqa: E402
 from draco_gym.types import GAP  # noqa: E402

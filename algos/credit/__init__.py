@@ -7,25 +7,24 @@ Every rule has the same shape, so the trainer and the benchmarks can swap them b
 
 where ``advantages`` are the group-normalised A_i from ``group_advantages``. Tokens of step j
 then receive a_j and gap tokens 0 (``token_advantages``); ``apply_credit`` does all of it for
-an iteration's groups. The arithmetic is in ``core.py``, the rules by name in
-``registry.py`` (uniform, draco, trace, trca, prover).
+an iteration's groups. One module per rule, each registering itself with ``@credit_rule``
+(``registry.py``): ``uniform.py`` (GRPO), ``draco.py``, ``trace.py``, ``trca.py``,
+``prover.py``; what they share is in ``core.py``.
 
-A credit step is one code block (the paper's step): a turn without code keeps the
-trajectory's A_i (``registry.py``). Each rule's module states, value by value, whether it is
-the paper's, a reference implementation's or ours.
+A credit step is one code block (the paper's step): what a turn without code gets is
+``core.TURNS_WITHOUT_CODE``'s choice. Each rule's module states, value by value, whether it
+is the paper's, a reference implementation's or ours.
 
 Pure Python and numpy: importing this package never imports torch.
 """
 
-from draco_gym.algos.credit.core import (
-    CreditRule,
-    draco_credit,
-    group_advantages,
-    step_quality,
-    token_advantages,
-    uniform_credit,
-)
-from draco_gym.algos.credit.registry import CREDIT_RULES, get_credit_rule
+from draco_gym.algos.credit.core import CreditRule, group_advantages, token_advantages
+from draco_gym.algos.credit.registry import CREDIT_RULES, credit_rule, get_credit_rule
+
+# Each rule module registers its rule on import.
+from draco_gym.algos.credit.uniform import uniform_credit
+from draco_gym.algos.credit.draco import draco_credit, step_quality
+from draco_gym.algos.credit import prover, trace, trca  # noqa: F401
 from draco_gym.algos.credit.apply import CreditedBatch, apply_credit
 
 __all__ = [
@@ -33,6 +32,7 @@ __all__ = [
     "CreditRule",
     "CreditedBatch",
     "apply_credit",
+    "credit_rule",
     "draco_credit",
     "get_credit_rule",
     "group_advantages",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from draco_gym.algos.credit.core import group_advantages, token_advantages
 from draco_gym.algos.credit.core import CreditRule
-from draco_gym.types import Trajectory
+from draco_gym.types import Trajectory, TrajectoryScore
 
 
 @dataclass
@@ -24,8 +24,18 @@ class CreditedBatch:
     """The iteration's trajectories in group order, each with its credit.
 
     ``step_advantages[i][j]`` is a_j of trajectory i, ``token_advantages[i]`` the same per
-    token of ``trajectories[i].token_ids``. ``inert_credit_share`` is the share of
-    trajectories with A_i != 0 whose steps all got exactly A_i (the rule changed nothing).
+    token of ``trajectories[i].token_ids``. Two measures of credit that changes nothing:
+
+    ``inert_credit_share``   ours: the share of trajectories with A_i != 0 whose steps all
+                             got exactly A_i (the rule changed nothing, for any reason)
+    ``paper_inert_share``    the paper's (its appendix B.3, 76.4% static / 48.1% dynamic):
+                             the share of all rollouts whose surviving verdicts are unanimous
+                             (every PASS/FAIL verdict the same, or none at all), where DRACO's
+                             weights are all equal; a rollout of a group without verdicts
+                             (e.g. the outcome reward) counts as unanimous
+
+    ``uncredited_citations`` counts the citations of turns without code that reach no credit
+    step (``core.uncredited_citations``; none under ``turns_without_code: attach``).
     """
 
     trajectories: list[Trajectory]
@@ -33,16 +43,30 @@ class CreditedBatch:
     step_advantages: list[list[float]]
     token_advantages: list[list[float]]
     inert_credit_share: float
+    paper_inert_share: float = 0.0
+    uncredited_citations: int = 0
+
+
+def unanimous(score: TrajectoryScore | None) -> bool:
+    """The paper's inert rollout: its surviving PASS/FAIL verdicts all agree, or there are none."""
+    if score is None:
+        return True
+    return score.p == 0 or score.f == 0
 
 
 def apply_credit(groups: Sequence[dict], rule: CreditRule) -> CreditedBatch:
     """``groups`` as the env runners return them: ``{"trajectories": [...], "score": GroupScore}``."""
     trajectories, per_group, step_adv, token_adv = [], [], [], []
-    inert = nonzero = 0
+    inert = nonzero = agreeing = uncredited = 0
+    count_uncredited = getattr(rule, "uncredited_citations", None)
     for group in groups:
         trajs, score = group["trajectories"], group["score"]
         advantages = group_advantages(score.rewards)
         per_group.append(advantages)
+        scores = list(score.scores) or [None] * len(trajs)
+        agreeing += sum(unanimous(s) for s in scores)
+        if count_uncredited is not None:
+            uncredited += count_uncredited(trajs, score)
         for traj, a_i, a_steps in zip(trajs, advantages, rule(trajs, score, advantages)):
             trajectories.append(traj)
             step_adv.append(a_steps)
@@ -50,4 +74,6 @@ def apply_credit(groups: Sequence[dict], rule: CreditRule) -> CreditedBatch:
             if a_i != 0:
                 nonzero += 1
                 inert += all(math.isclose(a, a_i, rel_tol=1e-9, abs_tol=1e-12) for a in a_steps)
-    return CreditedBatch(trajectories, per_group, step_adv, token_adv, inert / nonzero if nonzero else 0.0)
+    return CreditedBatch(trajectories, per_group, step_adv, token_adv, inert / nonzero if nonzero else 0.0,
+                         paper_inert_share=agreeing / len(trajectories) if trajectories else 0.0,
+                         uncredited_citations=uncredited)

@@ -1,27 +1,27 @@
-"""The credit arithmetic: group advantages, DRACO's closed form, steps to tokens.
+"""What every credit rule shares: group advantages, which turns are credit steps, steps to tokens.
 
 Pure Python and numpy. A rule maps (a group's trajectories, its scores, the group
-advantages A_i) to one advantage per step of each trajectory (``CreditRule``); every rule
-joins ``CREDIT_RULES`` in ``registry.py``.
+advantages A_i) to one advantage per step of each trajectory (``CreditRule``); each rule
+lives in its own module and joins ``CREDIT_RULES`` there, by decorator (``registry.py``).
 
 Whose is each value (paper: the DRACO paper; ours: this project's choice):
 
-    A_i = (R_i - mean R) / (std R + eps), population std over the group     paper (GRPO's)
+    A_i = (R_i - mean R) / (std R + eps)                                    paper (GRPO's)
+    the std is the population std (divide by G)                             ours: the paper
+        writes only "std" (sigma_g), which does not say population or sample
     eps = 1e-6; a group with no spread gives every A_i = 0                  ours
-    Q_j = p_j / (p_j + f_j) over the surviving verdicts citing step j       paper
-    an uncited step takes Q-bar, the mean Q over cited steps                paper
-    w_j = Q_j for A_i >= 0, 1 - Q_j for A_i < 0                             paper
-    a_j = A_i N w_j / (n_j sum_k w_k), N = sum_j n_j                        paper
-    uniform credit when nothing is cited or sum_k w_k = 0                   paper
-    a step with no tokens takes no share                                    ours
     a credit step is one code block                                         paper
+    gap tokens (prompt, observations) get 0 and are outside N               paper ("gap tokens
+        receive no credit and are excluded from the reallocation")
     a turn without code gets A_i ("trajectory", the default)                ours: the paper's
         steps are code blocks and it does not say what the closing message's tokens get;
         A_i is what GRPO gives them, and a full share (Q-bar over a few tokens) gave
         "Done." twice the per-token push of the step that computed the answer
     "attach": such a turn joins the preceding code step                     ours (an option)
-    gap tokens (prompt, observations) get 0                                 ours (only sampled
-        tokens are trained, as in every GRPO implementation)
+    "gap": such a turn's tokens are gap tokens (advantage 0)                the paper's letter
+        (a token outside every step gets none), an option
+    a citation of a turn without code (trajectory, gap) moves no credit      ours: no step holds
+        it; ``uncredited_citations`` counts them for the metrics
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class CreditRule(Protocol):
 # -- checks ------------------------------------------------------------------------------
 
 
-def _finite(value: float, name: str) -> float:
+def check_finite(value: float, name: str) -> float:
     value = float(value)
     if not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value}")
@@ -66,7 +66,7 @@ def outcome_number(trajectory: Trajectory, key: str, i: int) -> float:
     return value
 
 
-def _counts(values: Sequence[int], name: str, length: int | None = None) -> list[int]:
+def check_counts(values: Sequence[int], name: str, length: int | None = None) -> list[int]:
     if length is not None and len(values) != length:
         raise ValueError(f"{name} has {len(values)} entries, expected one per step ({length})")
     out = []
@@ -94,16 +94,20 @@ def check_base_advantage(value: str) -> str:
 
 # -- which turns are credit steps ------------------------------------------------------------
 
-TURNS_WITHOUT_CODE = ("trajectory", "attach")
+TURNS_WITHOUT_CODE = ("trajectory", "attach", "gap")
 """What credit does with a turn that has no code block (the closing message, ...):
 "trajectory": it is no credit step, its tokens get the trajectory's A_i, as in GRPO (the
 paper's step is one code block; the default); "attach": its tokens and the verdicts citing it
-join the preceding code step (a turn before any code step still gets A_i)."""
+join the preceding code step (a turn before any code step still gets A_i); "gap": its tokens
+are gap tokens and get advantage 0, the paper's letter (a token in no step gets no credit),
+so a trajectory without any code step is not trained on at all. Under "trajectory" and
+"gap" a verdict's citation of such a turn reaches no step (``uncredited_citations``)."""
 
 
 def credit_owners(trajectory: Trajectory, turns_without_code: str = "trajectory") -> list[int | None]:
     """For each step, the 1-based credit step whose advantage its tokens take: itself for a
-    code step; for a turn without code, None (A_i) or, with "attach", the preceding code step."""
+    code step; for a turn without code, None (no step: A_i, or 0 under "gap") or, with
+    "attach", the preceding code step."""
     if turns_without_code not in TURNS_WITHOUT_CODE:
         raise ValueError(f"turns_without_code must be one of {TURNS_WITHOUT_CODE}, got {turns_without_code!r}")
     owners: list[int | None] = []
@@ -143,69 +147,29 @@ def credit_view(trajectory: Trajectory, score: TrajectoryScore | None,
     return view, score.model_copy(update={"verdicts": verdicts})
 
 
+def uncredited_citations(trajectory: Trajectory, score: TrajectoryScore | None, owners: Sequence[int | None]) -> int:
+    """How many (verdict, cited turn) pairs of ``score`` point at a turn that has no credit
+    step (``owners[j]`` None): citations that move no credit."""
+    if score is None:
+        return 0
+    return sum(1 for v in score.verdicts for s in v.cited_steps if 1 <= s <= len(owners) and owners[s - 1] is None)
+
+
 def from_credit_steps(step_advantages: Sequence[float], owners: Sequence[int | None], advantage: float) -> list[float]:
-    """Each turn's advantage: its owner's a_j, or the trajectory's A_i where it has none."""
+    """Each turn's advantage: its owner's a_j, or ``advantage`` where it has none (the
+    trajectory's A_i; 0 under "gap")."""
     if len(step_advantages) != len(owners):
         raise ValueError(f"the rule gave {len(step_advantages)} step advantages for {len(owners)} steps")
     return [float(advantage) if owner is None else float(step_advantages[owner - 1]) for owner in owners]
 
 
-# -- per-step rules ------------------------------------------------------------------------
-
-
-def uniform_credit(advantage: float, step_tokens: Sequence[int]) -> list[float]:
-    """Plain GRPO: every step of the trajectory gets the trajectory's advantage."""
-    advantage = _finite(advantage, "advantage")
-    return [advantage] * len(_counts(step_tokens, "step_tokens"))
-
-
-def step_quality(step_passes: Sequence[int], step_fails: Sequence[int]) -> list[float | None]:
-    """DRACO's Q_j = p_j / (p_j + f_j) from the verdicts citing step j; None if uncited."""
-    p = _counts(step_passes, "step_passes")
-    f = _counts(step_fails, "step_fails", len(p))
-    return [pj / (pj + fj) if pj + fj else None for pj, fj in zip(p, f)]
-
-
-def draco_credit(
-    advantage: float,
-    step_tokens: Sequence[int],
-    step_passes: Sequence[int],
-    step_fails: Sequence[int],
-) -> list[float]:
-    """DRACO's closed form: a_j = A * N * w_j / (n_j * sum_k w_k).
-
-    Q_j    step quality from the surviving verdicts citing step j; an uncited step takes
-           Q-bar, the mean Q over cited steps
-    w_j    Q_j for a winner (A >= 0), 1 - Q_j for a loser: winners push their good steps
-           hardest, losers suppress their bad steps hardest
-    N      sum_j n_j, the trajectory's step tokens, so sum_j n_j a_j = A * N: the
-           trajectory's total push is GRPO's, only redistributed across steps
-
-    Falls back to uniform credit when no step is cited or the weights sum to 0. A step with
-    no tokens carries no advantage and takes no share of the total.
-    """
-    advantage = _finite(advantage, "advantage")
-    n = _counts(step_tokens, "step_tokens")
-    quality = step_quality(_counts(step_passes, "step_passes", len(n)), _counts(step_fails, "step_fails", len(n)))
-    cited = [q for q in quality if q is not None]
-    if not cited:
-        return uniform_credit(advantage, n)
-    q_bar = sum(cited) / len(cited)
-    q = [q_bar if qj is None else qj for qj in quality]
-    w = [qj if advantage >= 0 else 1.0 - qj for qj in q]
-    total_tokens = sum(n)
-    if total_tokens == 0:
-        raise ValueError("step_tokens are all 0: set Step.n_tokens from the policy tokenizer before credit")
-    weight_sum = sum(wj for wj, nj in zip(w, n) if nj > 0)
-    if weight_sum <= 0:
-        return uniform_credit(advantage, n)
-    return [advantage * total_tokens * wj / (nj * weight_sum) if nj > 0 else 0.0 for wj, nj in zip(w, n)]
+# -- steps to tokens -----------------------------------------------------------------------
 
 
 def token_advantages(step_advantages: Sequence[float], token_step_index: Sequence[int]) -> list[float]:
     """Spread step advantages over tokens: a token of step j (1-based) gets a_j, a gap
     token (-1) gets 0. Vectorised: a long multi-turn batch has millions of tokens."""
-    a = [_finite(x, f"step_advantages[{j}]") for j, x in enumerate(step_advantages)]
+    a = [check_finite(x, f"step_advantages[{j}]") for j, x in enumerate(step_advantages)]
     index = np.asarray(token_step_index)
     if index.size and index.dtype.kind not in "iu":
         raise ValueError(f"token_step_index must hold integers, got dtype {index.dtype}")

@@ -12,13 +12,18 @@ compare:
     R_pre       K = 8 outcomes of the current policy continuing from after step s-1
     R_post      K = 8 outcomes continuing from after step e
     Delta       = mean(R_post) - mean(R_pre)
+    A_i         = R_i - mean_g R          the group's mean-centred outcome, R_i = success
     a_j         = A_i + lambda * Delta    for j in [s, e] of tau*, if Delta > 0   (lambda = 1)
     a_j         = A_i                     everywhere else
 
 Only the positive half is used: a segment that did not help is left to the group advantage
-rather than punished on a K-sample estimate. A_i is the group advantage of binary success:
-the shipped config uses the ``outcome`` reward, and a config pairing prover with another
-reward is refused (``algos/config.py``) unless ``base_advantage: reward`` says so.
+rather than punished on a K-sample estimate. A_i is centred, not divided by the group's std:
+at G = 8 with one success the winner's A_i is 0.875, where GRPO's standardised advantage
+would be 2.646 and make the same bonus about 3x weaker beside it (``base_scale=
+"standardised"`` gives that reading). R_i is read from ``metrics["success"]``; the shipped
+config uses the ``outcome`` reward, and a config pairing prover with another reward is
+refused (``algos/config.py``) unless ``base_advantage: reward`` says the base is the run's
+reward on purpose.
 
 Whose is each value (paper: the ProVer paper, as DESIGN.md reads it; ours: this project's):
 
@@ -30,6 +35,9 @@ Whose is each value (paper: the ProVer paper, as DESIGN.md reads it; ours: this 
     Delta = mean(R_post) - mean(R_pre); bonus lambda * Delta only if > 0    paper
     lambda = 1                                                              paper
     A_i from binary success (``metrics["success"]``)                        paper
+    A_i = R_i - mean R, not divided by the std                              paper, as a
+        write-up of it reads it ("the group's mean-centred outcome reward as the advantage");
+        ``base_scale="standardised"`` (GRPO's (R - mean) / std) is an option
     state restored by replaying the episode's messages                      ours
     judge settings: temperature 0.1, 256 answer tokens, 2 repairs, views    ours
     an episode cut by the token budget or an env crash counts as failed     ours
@@ -52,7 +60,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from draco_gym.algos.credit.core import CreditRule, check_base_advantage, outcome_number
+from draco_gym.algos.credit.core import CreditRule, check_base_advantage, group_advantages, outcome_number
+from draco_gym.algos.credit.registry import credit_rule
 from draco_gym.reward import stages
 from draco_gym.reward.base import run_sync
 from draco_gym.reward.judge_client import JudgeClient, StageFailed, UsageMeter, as_client
@@ -67,6 +76,7 @@ __all__ = [
     "Segment",
     "apply_segment_bonus",
     "env_runner_continuations",
+    "prover_base_advantages",
     "prover_delta",
     "prover_eligible",
     "shortest_success",
@@ -95,6 +105,23 @@ def shortest_success(trajectories: Sequence[Trajectory], successes: Sequence[flo
     if not winners:
         raise ValueError("no successful rollout in the group")
     return min(winners, key=lambda i: (len(trajectories[i].steps), i))
+
+
+BASE_SCALES = ("centred", "standardised")
+"""ProVer's base advantage from the group's outcomes: "centred", R_i - mean R (the paper's),
+or "standardised", GRPO's (R_i - mean R) / (std R + eps)."""
+
+
+def prover_base_advantages(outcomes: Sequence[float], scale: str = "centred") -> list[float]:
+    """A_i for every rollout of the group: R_i - mean R, or with ``scale="standardised"``
+    GRPO's group advantage. G = 8 with one success: 0.875 (centred), 2.646 (standardised)."""
+    if scale not in BASE_SCALES:
+        raise ValueError(f"base_scale must be one of {BASE_SCALES}, got {scale!r}")
+    values = [float(o) for o in outcomes]
+    if scale == "standardised":
+        return group_advantages(values)
+    mean = sum(values) / len(values) if values else 0.0
+    return [v - mean for v in values]
 
 
 def prover_delta(pre_outcomes: Sequence[float], post_outcomes: Sequence[float]) -> float:
@@ -193,6 +220,10 @@ class ProVerRule:
     None, reason), e.g. a ``JudgeSegmentProposer``; a proposer that takes a third argument
     gets the group's failed rollouts. ``stats`` counts what happened to each group, so an
     inert rule is visible in the metrics rather than silent.
+
+    The base A_i comes from the outcomes (``base_advantage="outcome"``, ``base_scale``
+    "centred": R_i - mean R) or, with ``base_advantage="reward"``, from the run's reward
+    (centred: R_i - mean R of ``group.rewards``; standardised: the advantages handed in).
     """
 
     def __init__(
@@ -204,7 +235,12 @@ class ProVerRule:
         lam: float = 1.0,
         max_segment_len: int = 4,
         outcome_key: str = "success",
+        base_advantage: str = "outcome",
+        base_scale: str = "centred",
     ) -> None:
+        check_base_advantage(base_advantage)
+        if base_scale not in BASE_SCALES:
+            raise ValueError(f"base_scale must be one of {BASE_SCALES}, got {base_scale!r}")
         if not callable(continue_fn):
             raise ValueError("continue_fn must be callable: (task_id, prefix_messages, k) -> outcomes")
         if not callable(propose):
@@ -222,12 +258,27 @@ class ProVerRule:
         self.lam = lam
         self.max_segment_len = max_segment_len
         self.outcome_key = outcome_key
+        self.base_advantage = base_advantage
+        self.base_scale = base_scale
         self.stats: Counter[str] = Counter()
         self.last: dict[str, Any] = {}
 
+    def episode_advantages(self, trajectories: Sequence[Trajectory], group: GroupScore,
+                           advantages: Sequence[float]) -> list[float]:
+        """The base A_i (see the class docstring); also what the tokens of a turn without code get."""
+        if self.base_advantage == "outcome":
+            return prover_base_advantages([_outcome(t, self.outcome_key, i) for i, t in enumerate(trajectories)],
+                                          self.base_scale)
+        if self.base_scale == "standardised":
+            return [float(a) for a in advantages]
+        if len(group.rewards) != len(trajectories):
+            raise ValueError(f"base_scale 'centred' on the reward needs the group's rewards: got {len(group.rewards)} "
+                             f"for {len(trajectories)} trajectories")
+        return prover_base_advantages(group.rewards, "centred")
+
     def __call__(self, trajectories: Sequence[Trajectory], group: GroupScore, advantages: Sequence[float]) -> list[list[float]]:
-        base = [[float(a)] * len(t.steps) for t, a in zip(trajectories, advantages)]
         successes = [_outcome(t, self.outcome_key, i) for i, t in enumerate(trajectories)]
+        base = [[a] * len(t.steps) for t, a in zip(trajectories, self.episode_advantages(trajectories, group, advantages))]
         self.stats["groups"] += 1
         self.last = {"eligible": False}
         if not prover_eligible(successes):
@@ -332,6 +383,7 @@ def env_runner_continuations(env_runner_group, *, outcome_key: str = "success", 
 
 # -- the registry entry --------------------------------------------------------------------
 
+@credit_rule("prover")
 def prover_rule(
     *,
     continue_fn: ContinueFn | None = None,
@@ -344,12 +396,14 @@ def prover_rule(
     max_repairs: int = 2,
     outcome_key: str = "success",
     base_advantage: str = "outcome",
+    base_scale: str = "centred",
 ) -> CreditRule:
     """ProVer: ``continue_fn`` from the trainer (see the module docstring) and a ``judge``
     (a reward-layer ``Judge``, or its registered name with ``judge_options``, as a YAML config
     gives it) wrapped in a ``JudgeSegmentProposer``, or a ready ``propose``. The advantages
-    handed to the rule are its base: the outcome's group advantage (``base_advantage=
-    "outcome"``, the paper's GRPO advantage from binary success), or by choice the reward's."""
+    base is the outcome's (``base_advantage="outcome"``, the paper's, binary success), or by
+    choice the run's reward's ("reward"); ``base_scale`` "centred" (R_i - mean R, the
+    paper's) or "standardised" (GRPO's A_i)."""
     check_base_advantage(base_advantage)
     if continue_fn is None:
         raise ValueError("prover needs continue_fn=(task_id, prefix_messages, k) -> outcomes, "
@@ -362,4 +416,5 @@ def prover_rule(
 
             judge = build_judge(judge, **(judge_options or {}))
         propose = JudgeSegmentProposer(judge, max_repairs=max_repairs)
-    return ProVerRule(continue_fn, propose, K=K, lam=lam, max_segment_len=max_segment_len, outcome_key=outcome_key)
+    return ProVerRule(continue_fn, propose, K=K, lam=lam, max_segment_len=max_segment_len, outcome_key=outcome_key,
+                      base_advantage=base_advantage, base_scale=base_scale)

@@ -9,8 +9,11 @@ episode toward it:
     V_k       = log(d_0 / d_k)                  value: how much closer than at the start
     delta_k   = V_k - V_{k-1}                   what step k did (k = 1..T)
     r_k       = sum_{i<m} gamma^i delta_{k+i} / sum_{i<m} gamma^i,   m = min(K, T-k+1)
-                + lambda_term * gamma^(T-k) * A_out      if the window reaches the end (k+K-1 >= T)
+                + lambda_term * gamma^(T-k+1) * A_out    if the window reaches the end (k+K-1 >= T)
     a_k       = alpha_out * A_out + alpha_turn * r_k
+
+(k is 1-based here; the reference implementation writes the fill gamma^(T-t) with t = k-1 the
+0-based transition index, so even the last action's fill is lambda_term * gamma * A_out.)
 
 The K-step window lets a step take credit for what it set up in the next few turns without
 inheriting the whole future; the terminal fill ties the last steps to the episode's outcome
@@ -20,7 +23,11 @@ an outcome-blind rule.
 Whose is each value (paper: the TRACE paper's text; reference implementation: the public
 implementation that follows the paper's Algorithm 1; ours: this project's choice):
 
-    the formulas above (l_k, d_k, V_k, delta_k, window, terminal fill, a_k)   paper (Algorithm 1)
+    l_k, d_k, V_k, delta_k, a K-step window of deltas, a terminal
+      outcome term and the mix a_k                                            paper (Algorithm 1)
+    the window's normalisation (dividing by sum_{i<m} gamma^i)                reference implementation
+    the terminal fill lambda_term * gamma^(T-k+1) * A_out, and when it
+      applies (the window reaches the end)                                    reference implementation
     A_out, the group advantage of the verifiable outcome (answer correctness) paper
     eps = 0.1, K = 3, gamma = 0.8, lambda_term = 2.0                          reference implementation
     alpha_out = 1.0, alpha_turn = 0.2                                         reference implementation
@@ -54,6 +61,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from draco_gym.algos.credit.core import CreditRule, check_base_advantage
+from draco_gym.algos.credit.registry import credit_rule
 from draco_gym.types import Step, Task, Trajectory
 
 __all__ = ["ReferenceScorer", "TraceParams", "trace_credit", "trace_turn_rewards", "trace_values"]
@@ -106,8 +114,8 @@ def trace_turn_rewards(values: Sequence[float], outcome_advantage: float, params
         m = min(K, T - k + 1)
         discounts = [gamma**i for i in range(m)]
         r_k = sum(g * delta[k - 1 + i] for i, g in enumerate(discounts)) / sum(discounts)
-        if k + K - 1 >= T:  # the window reaches the end: fill with the outcome
-            r_k += params.lambda_term * gamma ** (T - k) * outcome_advantage
+        if k + K - 1 >= T:  # the window reaches the end: fill with the outcome, gamma^(T - t), t = k - 1
+            r_k += params.lambda_term * gamma ** (T - k + 1) * outcome_advantage
         rewards.append(r_k)
     return rewards
 
@@ -253,6 +261,7 @@ def _reference_scorer(model, tokenizer, answer_key: str, batch_size: int, max_le
 
 # -- the registry entry --------------------------------------------------------------------
 
+@credit_rule("trace")
 def trace_rule(
     *,
     scorer: Callable[[Trajectory], Sequence[float]] | None = None,

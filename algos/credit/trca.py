@@ -60,6 +60,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from draco_gym.algos.credit.core import CreditRule, group_advantages, outcome_number
+from draco_gym.algos.credit.registry import credit_rule
 from draco_gym.types import STATE_KEY, GroupScore, Step, Task, Trajectory
 
 __all__ = [
@@ -338,6 +339,7 @@ class TRCAOptions(BaseModel):
         return value
 
 
+@credit_rule("trca")
 def trca_rule(
     *,
     lam: float = 0.8,
@@ -379,7 +381,8 @@ class TRCARule:
     def _outcomes(self, trajectories: Sequence[Trajectory]) -> list[float]:
         return [_outcome(t, self.opts.outcome_key, i) for i, t in enumerate(trajectories)]
 
-    def episode_advantages(self, trajectories: Sequence[Trajectory], advantages: Sequence[float]) -> list[float]:
+    def episode_advantages(self, trajectories: Sequence[Trajectory], group: GroupScore,
+                           advantages: Sequence[float]) -> list[float]:
         """A_i: from the outcome (0 in a group with no success), or ``advantages`` as given."""
         if self.opts.episode_advantage == "reward":
             return [float(a) for a in advantages]
@@ -397,7 +400,7 @@ class TRCARule:
         else:
             group_hits = [self.hits(t) for t in trajectories]
         fams = self.families if self.families is not None else families_from_reward(trajectories[0].task)
-        episode = self.episode_advantages(trajectories, advantages)
+        episode = self.episode_advantages(trajectories, group, advantages)
         env = None
         if opts.env_reward == "outcome":  # sparse: the outcome arrives with the last step
             env = [[0.0] * (len(t.steps) - 1) + [o] if t.steps else []
