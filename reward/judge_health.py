@@ -39,6 +39,10 @@ PROBE_MESSAGES = [
 ]
 
 
+class DeadJudge(JudgeUnavailable):
+    """Raised by the trainer on ``dead_judge``'s message."""
+
+
 def every_call_failed(group: GroupScore) -> bool:
     """The group's reward asked the judge, and no request got a usable answer."""
     return bool(group.judge_failures) and group.judge_answers == 0

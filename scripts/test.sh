@@ -6,6 +6,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export RAY_AUTH_MODE=disabled
 export LITELLM_LOCAL_MODEL_COST_MAP=True
+# torch's OpenMP threads spin while they wait; beside Ray workers and model servers they stall
+# each other (a tiny-model SFT test took 10 minutes instead of 48 s on a loaded machine)
+export OMP_WAIT_POLICY=PASSIVE
 export DRACO_GYM_STRICT_IMPORTS=1
 
 run() {

@@ -132,3 +132,50 @@ def test_tune_runs_one_iteration(ray_session, tiny_model, tmp_path):
     learner = result.metrics["learners"]["default_policy"]
     assert learner["policy_tokens"] > 0
     assert learner["ratio"] == pytest.approx(1.0, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_a_dead_judge_stops_the_run_naming_its_url(ray_session, tiny_model, tmp_path, monkeypatch):
+    """Every judge request refused (nothing listens at the URL): the run goes on while fewer
+    than DEAD_JUDGE_GROUPS groups are in, then stops with the judge's URL in the error
+    instead of training on all-zero rewards."""
+    import socket
+
+    from draco_gym.reward.judge_health import DEAD_JUDGE_GROUPS
+
+    with socket.socket() as s:  # a port where nothing listens: every connection is refused
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    judge = {"name": "openai", "model": "test-judge", "base_url": url, "api_key_env": "DEAD_JUDGE_KEY", "max_retries": 0,
+             "request_timeout_s": 10}
+    monkeypatch.setenv("DEAD_JUDGE_KEY", "sk-test")
+    algo = make_config(tiny_model, tmp_path / "run").training(
+        reward="dynamic", reward_options={"judge": judge, "mode": "fused", "retries": 0, "max_repairs": 1,
+                                          "retry_wait_s": 0.01}).build_algo()
+    try:
+        assert DEAD_JUDGE_GROUPS == 3  # 2 groups per iteration: the second iteration stops
+        result = algo.train()
+        assert result["judge"]["failed_requests"] > 0
+        with pytest.raises(Exception, match="the judge failed every call of the last 3 groups") as stopped:
+            algo.train()
+        assert url in str(stopped.value)
+    finally:
+        algo.stop()
+
+
+def test_reward_rising_while_the_outcome_falls_warns_once(caplog):
+    from types import SimpleNamespace
+
+    from draco_gym.algos.rllib.grpo import GRPO
+
+    algo = SimpleNamespace(_reward_and_outcome=[], _divergence_warned=False, iteration=0)
+    flags = []
+    for t in range(10):
+        metrics = {"env_runners/episode_return_mean": 0.1 * t, "env_runners/env/success": 0.9 - 0.1 * t}
+        algo.iteration = t + 1
+        with caplog.at_level("WARNING", logger="draco_gym.algos.rllib.grpo"):
+            GRPO._watch_reward_against_outcome(algo, metrics)
+        flags.append(metrics["judge/reward_outcome_divergence"])
+    assert flags == [0.0] * 7 + [1.0] * 3  # the window is 8 iterations
+    warnings = [r.message for r in caplog.records if "the reward rose" in r.getMessage()]
+    assert len(warnings) == 1

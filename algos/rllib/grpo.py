@@ -21,7 +21,9 @@ The knobs, their defaults and bounds are declared once, in ``algos/config.py``.
 from __future__ import annotations
 
 import inspect
+import logging
 import time
+from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -45,7 +47,11 @@ from draco_gym.algos.rllib.env_runner import RESTORED, LLMEnvRunner, env_source
 from draco_gym.algos.rllib.learner import GRPOTorchLearner
 from draco_gym.algos.policy.models import resolve_model
 from draco_gym.algos.rllib.module import HFPolicyModule
-from draco_gym.algos.rllib.reporting import PHASES, RolloutLog, iteration_metrics
+from draco_gym.algos.rllib.reporting import OUTCOME, PHASES, RolloutLog, iteration_metrics
+from draco_gym.metrics import reward_outcome_divergence
+from draco_gym.reward.judge_health import DEAD_JUDGE_GROUPS, DeadJudge, dead_judge
+
+logger = logging.getLogger(__name__)
 
 # Keywords of each builder method (RLlib's own ones pass through to it).
 _POLICY = {"model" if attr == "policy_model" else attr for attr, path in KNOBS.items() if path.startswith("policy.")}
@@ -185,6 +191,9 @@ class GRPO(Algorithm):
         super().setup(config)
         self.rollout_log = RolloutLog(Path(config.output_dir) / "rollouts.jsonl") if config.output_dir else None
         self._task_ids = self.config.env_source()[1]
+        self._judged = deque(maxlen=DEAD_JUDGE_GROUPS)  # the last groups' scores, in scoring order
+        self._reward_and_outcome: list[tuple[float, float | None]] = []  # per iteration
+        self._divergence_warned = False
         if self.config.restore_from:
             # Inside Tune too: the trial starts from the checkpoint's adapter, optimizer state
             # and iteration count, so the task draws and seeds continue where they left off.
@@ -197,6 +206,7 @@ class GRPO(Algorithm):
         start = time.perf_counter()
         groups, sampled = self.sample(self.sample_tasks(self.iteration), seed=self._iteration_seed(self.iteration))
         scored = self.score(groups)
+        self._stop_on_dead_judge(groups)
         with _timed(timers, "credit"):
             batch = apply_credit(groups, self.credit_rule())
         with _timed(timers, "learner"):
@@ -206,7 +216,33 @@ class GRPO(Algorithm):
         if self.rollout_log:
             self.rollout_log.write(groups, iteration=self.iteration, step_advantages=batch.step_advantages)
         timers.update(sampled["timers"], judge=scored["judge"])
-        self._log(iteration_metrics(groups, batch, timers, time.perf_counter() - start, sampled["generated_tokens"]))
+        metrics = iteration_metrics(groups, batch, timers, time.perf_counter() - start, sampled["generated_tokens"])
+        self._watch_reward_against_outcome(metrics)
+        self._log(metrics)
+
+    def _stop_on_dead_judge(self, groups: list[dict]) -> None:
+        """A judge that answers nothing would zero every reward in silence (the policy then
+        learns nothing, or learns from the fallback): the run stops, naming the server, when
+        each of the last ``DEAD_JUDGE_GROUPS`` groups had every judge request fail."""
+        self._judged.extend(group["score"] for group in groups)
+        message = dead_judge(list(self._judged))
+        if message is not None:
+            raise DeadJudge(message)
+
+    def _watch_reward_against_outcome(self, metrics: dict[str, Any]) -> None:
+        """The reward-hacking alarm (``draco_gym.metrics.reward_outcome_divergence``): the
+        training reward rising while the environment's outcome falls, over the last
+        iterations. It warns once and sets ``judge/reward_outcome_divergence`` to 1; the run
+        goes on, since the outcome is only the environment's view of the task."""
+        self._reward_and_outcome.append((metrics["env_runners/episode_return_mean"],
+                                         metrics.get(f"env_runners/env/{OUTCOME}")))
+        alarm = reward_outcome_divergence(*map(list, zip(*self._reward_and_outcome)))
+        metrics["judge/reward_outcome_divergence"] = float(alarm is not None)
+        if alarm is not None and not self._divergence_warned:
+            self._divergence_warned = True
+            logger.warning("iteration %d: the reward rose by %.3f while the environment's %s fell by %.3f over "
+                           "the last iterations: the policy may be learning to please the reward, not to do "
+                           "the task (read the report's rollouts)", self.iteration, alarm[0], OUTCOME, -alarm[1])
 
     def sample_tasks(self, iteration: int) -> list[str]:
         """``tasks_per_iteration`` task ids, drawn from the iteration's own seed (a resumed run

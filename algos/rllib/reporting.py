@@ -22,9 +22,12 @@ from typing import Any
 import numpy as np
 
 from draco_gym.algos.config import RESULT_GROUPS, RESULT_TOP_KEYS, LoggingSection
+from draco_gym.metrics import outcome_agreement
 
 # The phases of one iteration, in order; each reports seconds as ``timers/phases/<phase>``.
 PHASES = ("generation", "env", "judge", "credit", "learner", "sync")
+OUTCOME = "success"
+"""The environment's own evaluation the reward is checked against (``Trajectory.metrics``)."""
 
 
 
@@ -61,6 +64,8 @@ def iteration_metrics(groups: Sequence[dict], batch, timers: dict[str, float], t
         usage.update({"calls": total.calls, "prompt_tokens": total.prompt_tokens,
                       "completion_tokens": total.completion_tokens, "cost": total.cost})
     n_groups, n = max(len(groups), 1), max(len(turns), 1)
+    agreement = outcome_agreement((g["score"].rewards, [t.metrics.get(OUTCOME) for t in g["trajectories"]])
+                                  for g in groups)
     step_credit = [abs(a) for per_step in batch.step_advantages for a in per_step]
     return {
         **_spread("env_runners/episode_return", returns),
@@ -76,6 +81,9 @@ def iteration_metrics(groups: Sequence[dict], batch, timers: dict[str, float], t
         "judge/criteria_before_dropout": before / n_groups,
         "judge/criteria_after_dropout": after / n_groups,
         "judge/fallbacks": fallbacks,
+        "judge/failed_requests": sum(len(g["score"].judge_failures) for g in groups),
+        # tau-b of reward against outcome within groups: falling while the reward rises is a hack
+        **({"judge/outcome_agreement": agreement} if agreement is not None else {}),
         "judge/calls": usage["calls"], "judge/prompt_tokens": usage["prompt_tokens"],
         "judge/completion_tokens": usage["completion_tokens"], "judge/cost": float(usage["cost"]),
         "credit/inert_share": batch.inert_credit_share,
