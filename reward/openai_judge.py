@@ -43,7 +43,8 @@ class OpenAIJudge:
 
     Structured output: ``structured_output="auto"`` probes the server once (GET /v1/models,
     and llama.cpp's /props) and starts with the form its family takes (``judge_servers``' ladder);
-    any 4xx/5xx whose body names the response format steps one rung down. The form in use is
+    any 4xx/5xx whose body names the response format, or an error event naming it inside a
+    200 stream (vLLM's streamed grammar refusal), steps one rung down. The form in use is
     logged once per server and remembered per base URL for the process. Any other value
     forces that form (no probe for the format, no step-down). A 400 about ``max_tokens``
     switches to ``max_completion_tokens``, one about ``temperature`` stops sending it
@@ -177,23 +178,25 @@ class OpenAIJudge:
         would now be sent differently, so repeating it is worth it. Decided from what *this*
         request carried, so concurrent calls rejected together all retry."""
         text = message.lower()
-        sent_format = request.get("_format", "none")
         if "max_tokens" in text and "max_tokens" in request:
             self._token_param = "max_completion_tokens"
         elif "temperature" in text and "temperature" in request:
             self._send_temperature = False
         elif "stream_options" in text and "stream_options" in request:
             self._send_stream_options = False
-        elif sent_format != "none" and any(word in text for word in FORMAT_WORDS):
-            if self.structured_output != "auto":
-                return False
-            return step_down(self.base_url, sent_format, message)
+        elif _refuses_format(message, request):
+            return self._step_down(message, request)
         else:
             return False
         log.warning("judge %s rejected a request (%s); now sending %s, temperature=%s, stream_options=%s",
                     self.model, short_text(message), self._token_param, self._send_temperature,
                     self._send_stream_options)
         return True
+
+    def _step_down(self, message: str, request: dict[str, Any]) -> bool:
+        """After the server refused the form ``request`` carried: True if the request should be
+        re-sent in the next form down; never for a forced form."""
+        return self.structured_output == "auto" and step_down(self.base_url, request["_format"], message)
 
     def _request(self, messages, schema, schema_name, temperature, max_tokens) -> dict[str, Any]:
         form = self.format
@@ -236,9 +239,8 @@ class OpenAIJudge:
                 if adaptations < 5 and self._adapt_to(text, request):
                     adaptations += 1
                     continue
-                if request["_format"] != "none" and any(word in text.lower() for word in FORMAT_WORDS):
-                    raise FormatRefused(f"{self.server} refuses structured_output={request['_format']!r} "
-                                           f"(forced, or the last rung): {short_error(exc)}") from None
+                if _refuses_format(text, request):
+                    raise self._format_refused(request, exc) from None
                 if exc.status_code in (408, 409, 429) or exc.status_code >= 500:
                     if retries < self.max_retries:
                         retries += 1
@@ -253,6 +255,21 @@ class OpenAIJudge:
                     await asyncio.sleep(_retry_after(None, retries))
                     continue
                 raise JudgeUnavailable(f"{self.server}: {type(exc).__name__}: {short_error(exc)}") from None
+            except openai.APIError as exc:
+                # An error event inside a 200 stream. Streamed, vLLM refuses a schema its grammar
+                # compiler cannot take this way (unstreamed, the same body comes with a 400): the
+                # same refusal, so the same step down. Any other event is a failure mid-answer.
+                text = _error_text(exc)
+                if not _refuses_format(text, request):
+                    raise
+                if adaptations < 5 and self._step_down(text, request):
+                    adaptations += 1
+                    continue
+                raise self._format_refused(request, exc) from None
+
+    def _format_refused(self, request: dict[str, Any], exc: Exception) -> FormatRefused:
+        return FormatRefused(f"{self.server} refuses structured_output={request['_format']!r} "
+                             f"(forced, or the last rung): {short_error(exc)}")
 
     async def _send(self, request: dict[str, Any]) -> JudgeReply:
         from openai import AsyncStream
@@ -286,6 +303,11 @@ class OpenAIJudge:
             await stream.close()  # on cancellation too: the closed connection stops the server
         # a server that reports no usage while streaming sends about one token per piece
         return JudgeReply("".join(parts), prompt_tokens, completion_tokens or pieces)
+
+
+def _refuses_format(message: str, request: dict[str, Any]) -> bool:
+    """Whether an error for ``request`` objects to the response format it carried."""
+    return request["_format"] != "none" and any(word in message.lower() for word in FORMAT_WORDS)
 
 
 def _error_text(exc: Exception) -> str:

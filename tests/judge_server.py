@@ -5,7 +5,8 @@ from a *responder* (scripted answers per stage and rollout, or a generic rule-fo
 judge), adds a configurable latency per call, and injects faults on demand:
 
     transport  rate_limit (429 + Retry-After), server_error (500), hang (no answer until
-               the client gives up), slow (answers after ``slow_s``)
+               the client gives up), slow (answers after ``slow_s``), stream_error (a
+               streamed answer broken off by vLLM's error event for a failed generation)
     content    malformed_json, missing_fields, steps_out_of_range, pass_without_citation,
                unknown_title
 
@@ -13,7 +14,10 @@ judge), adds a configurable latency per call, and injects faults on demand:
 output, with that server's own error bodies (read from their sources): what it answers at
 GET /v1/models (``owned_by``) and /props, which ``response_format`` forms it takes, how it
 refuses the others, how many requests it computes at once (``slots``; the rest queue), and
-for llama-cpp-python that a new request arriving cuts a streaming answer short.
+for llama-cpp-python that a new request arriving cuts a streaming answer short. The vLLM
+dialect also refuses a ``json_schema`` its grammar compiler cannot take (``grammar_error``;
+by default a look-around ``pattern``, as llguidance does): unstreamed with a 400, streamed
+with a 200 whose stream is that error as one event, then ``[DONE]``, as vLLM 0.32 does.
 Streaming (``"stream": true``) sends the answer in pieces, ``token_s`` apart; a client that
 closes the connection stops the computation (``Recorded.aborted``), as the real servers do.
 A non-streamed answer is computed to its end whatever the client does.
@@ -42,7 +46,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-TRANSPORT_FAULTS = ("rate_limit", "server_error", "hang", "slow")
+TRANSPORT_FAULTS = ("rate_limit", "server_error", "hang", "slow", "stream_error")
 CONTENT_FAULTS = ("malformed_json", "missing_fields", "steps_out_of_range", "pass_without_citation", "unknown_title")
 FAULTS = TRANSPORT_FAULTS + CONTENT_FAULTS
 
@@ -102,6 +106,7 @@ class Recorded:
     interrupted: bool = False  # another request cut the answer short (llama-cpp-python)
     response_format: dict | None = None
     messages: list = field(default_factory=list)
+    error_event: dict | None = None  # the error event a 200 stream carried instead of (or after) an answer
 
 
 # -- server families ---------------------------------------------------------------------------
@@ -161,6 +166,32 @@ def format_refusal(dialect: str, response_format: dict) -> tuple[int, dict] | No
             return 400, {"error": {"message": "Unrecognized request argument supplied: response_format",
                                    "type": "invalid_request_error", "param": None, "code": None}}
     return None
+
+
+_LOOK_AROUND = re.compile(r"\(\?<?[=!]")
+
+
+def look_around_error(schema: Any) -> str | None:
+    """llguidance's error for a schema whose ``pattern`` has a look-ahead or look-behind (the
+    text vLLM 0.32's guidance backend gave for ``(?<=a)b``), or None when it has none: vLLM
+    compiles a schema xgrammar cannot take with llguidance, and llguidance refuses look-around."""
+    if isinstance(schema, list):
+        return next((e for e in map(look_around_error, schema) if e), None)
+    if not isinstance(schema, dict):
+        return None
+    pattern = schema.get("pattern")
+    found = _LOOK_AROUND.search(pattern) if isinstance(pattern, str) else None
+    if found:
+        marks = " " * found.start() + "^" * len(found.group())
+        return (f"regex parse error:\n    {pattern}\n    {marks}\n"
+                "error: look-around, including look-ahead and look-behind, is not supported")
+    return next((e for e in map(look_around_error, schema.values()) if e), None)
+
+
+def vllm_error(message: str, err_type: str, code: int) -> dict:
+    """vLLM's ErrorResponse as it serialises it (``create_error_response(...).model_dump()``):
+    the body of an error status, and the data of an error event inside a stream."""
+    return {"error": {"message": message, "type": err_type, "param": None, "code": code}}
 
 
 Responder = Callable[[JudgeRequest], "dict | str"]
@@ -276,6 +307,7 @@ class JudgeServer:
         slots: int | None = None,
         token_s: float = 0.0,
         models_endpoint: bool = True,
+        grammar_error: Callable[[dict], str | None] = look_around_error,
     ) -> None:
         if dialect is not None and dialect not in DIALECTS:
             raise ValueError(f"unknown dialect {dialect!r}; known: {DIALECTS}")
@@ -291,6 +323,7 @@ class JudgeServer:
         self.slots = 1 if dialect == "llama_cpp_python" else slots
         self.token_s = token_s
         self.models_endpoint = models_endpoint  # False: the probe learns nothing, only refusals teach
+        self.grammar_error = grammar_error  # the vLLM dialect's grammar compiler: why it refuses a json_schema
         self._slot = threading.Semaphore(self.slots) if self.slots else None
         self._waiting = 0  # requests queued for a slot
         self._open = 0  # requests received and not yet answered
@@ -472,6 +505,10 @@ class JudgeServer:
             if refusal is not None:
                 self._record(request, None, refusal[0])
                 return self._send(handler, *refusal)
+        if self.dialect == "vllm" and response_format.get("type") == "json_schema":
+            error = self.grammar_error(schema or {})
+            if error is not None:
+                return self._refuse_grammar(handler, request, f"Grammar error: {error}")
         if self._slot is None:
             return self._answer(handler, request)
         with self._lock:
@@ -483,6 +520,23 @@ class JudgeServer:
             return self._answer(handler, request)
         finally:
             self._slot.release()
+
+    def _refuse_grammar(self, handler: BaseHTTPRequestHandler, request: JudgeRequest, message: str) -> None:
+        """vLLM validates the grammar when the request reaches its engine: unstreamed, before
+        it answers (a 400); streamed, after the 200 and the stream's headers are sent, so the
+        refusal is the stream's one event (``chat_completion_stream_generator``)."""
+        payload = vllm_error(message, "BadRequestError", 400)
+        if not request.body.get("stream"):
+            self._record(request, None, 400)
+            return self._send(handler, 400, payload)
+        record = self._record(request, None, 200)
+        record.error_event = payload
+        try:
+            _start_stream(handler)
+            handler.wfile.write(f"data: {json.dumps(payload)}\n\ndata: [DONE]\n\n".encode())
+            handler.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            record.aborted = True
 
     def _answer(self, handler: BaseHTTPRequestHandler, request: JudgeRequest) -> None:
         body = request.body
@@ -504,6 +558,9 @@ class JudgeServer:
             return self._send(handler, 504, self._error("hung", "server_error"))
         if fault == "slow":
             time.sleep(self.slow_s)
+        if fault == "stream_error" and not body.get("stream"):
+            self._record(request, fault, 500)  # unstreamed, vLLM answers a failed generation with a 500
+            return self._send(handler, 500, vllm_error("Internal server error", "InternalServerError", 500))
 
         try:
             answer = self.responder(request)
@@ -548,13 +605,16 @@ class JudgeServer:
             return out
 
         try:
-            handler.send_response(200)
-            handler.send_header("Content-Type", "text/event-stream")
-            handler.send_header("Connection", "close")
-            handler.end_headers()
-            handler.close_connection = True
+            _start_stream(handler)
             handler.wfile.write(event(chunk({"role": "assistant", "content": ""})))
-            for piece in _pieces(text):
+            pieces = _pieces(text)
+            for k, piece in enumerate(pieces):
+                if record.fault == "stream_error" and k == len(pieces) // 2:
+                    # vLLM's GenerationError mid-answer: one error event, then [DONE]
+                    record.error_event = vllm_error("Internal server error", "InternalServerError", 500)
+                    handler.wfile.write(event(record.error_event) + event("[DONE]"))
+                    handler.wfile.flush()
+                    return
                 if self.token_s:
                     time.sleep(self.token_s)
                 if self.dialect == "llama_cpp_python" and self._waiting:
@@ -576,6 +636,15 @@ class JudgeServer:
             record.aborted = True  # the client gave up: the server stops computing
         finally:
             record.end = time.perf_counter()
+
+
+def _start_stream(handler: BaseHTTPRequestHandler) -> None:
+    """A 200 whose body is server-sent events until the connection closes."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.send_header("Connection", "close")
+    handler.end_headers()
+    handler.close_connection = True
 
 
 def _pieces(text: str, size: int = 8) -> list[str]:

@@ -11,7 +11,7 @@ import json
 import logging
 
 import pytest
-from judge_server import DIALECTS, JudgeServer, ScriptedJudge
+from judge_server import DIALECTS, JudgeServer, ScriptedJudge, look_around_error
 from reward_fixtures import MARKERS, TASK, assert_hand_computed, group, script
 
 from draco_gym.reward import DynamicRubricReward, OpenAIJudge
@@ -168,6 +168,77 @@ def test_a_forced_form_is_sent_as_is_and_never_stepped_down():
     assert sent_forms(server) == {"json_schema"}  # forced: refused, but never stepped down
     assert server.calls("propose", status=None) == 1  # and a refusal is not retried by any layer
     assert server_profile(server.base_url).format == "json_object_schema"  # the probe still knows better
+
+
+LOOK_BEHIND = {"type": "object", "properties": {"name": {"type": "string", "pattern": "(?<=a)b"}}, "required": ["name"]}
+"""A schema vLLM's grammar compiler refuses (the one tests/test_vllm.py sends the live server)."""
+
+
+def _refused_or_error_event(server: JudgeServer) -> list:
+    return [r for r in server.requests if r.status >= 400 or r.error_event is not None]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_vllms_grammar_refusal_steps_down_the_same_streamed_or_not(stream, caplog):
+    """vLLM refuses a json_schema its grammar compiler cannot take with a 400 when unstreamed;
+    streamed, it answers 200 and the stream's one event is the same error body. Either way the
+    judge steps down to json_object + schema once, logs that step, and the group is scored
+    with no fallback and no failed judge request."""
+    refuses_every_schema = lambda schema: look_around_error(LOOK_BEHIND)  # noqa: E731
+    with JudgeServer(ScriptedJudge(script()), dialect="vllm", grammar_error=refuses_every_schema) as server:
+        with caplog.at_level(logging.WARNING, logger="draco_gym.reward.judge_servers"):
+            result = make_reward(server, judge_options={"stream": stream}).score_group(TASK, group())
+    assert result.fallbacks == [] and result.judge_failures == []
+    assert_hand_computed(result)
+    (refused,) = _refused_or_error_event(server)
+    assert refused.response_format["type"] == "json_schema"
+    if stream:
+        assert refused.status == 200 and refused.error_event["error"]["message"].startswith("Grammar error: regex parse error")
+    else:
+        assert refused.status == 400 and refused.error_event is None
+    assert sent_forms(server) == {"json_schema", "json_object_schema"}
+    assert all(r.response_format["type"] == "json_object" for r in server.requests if r is not refused)
+    steps = [m for m in caplog.messages if "refused structured output" in m]
+    assert len(steps) == 1 and "Grammar error" in steps[0] and steps[0].endswith("now sending json_object_schema")
+    assert server_profile(server.base_url).format == "json_object_schema"
+
+
+def test_a_look_behind_pattern_streamed_to_vllm_steps_down_and_a_forced_form_is_refused():
+    """The live server's case (tests/test_vllm.py), streamed: the refusal arrives as an error
+    event inside a 200 stream; the judge resends in the next form and gets an answer. A judge
+    forced to json_schema gets FormatRefused, sent once."""
+    from draco_gym.reward.judges import FormatRefused
+
+    ask = [{"role": "user", "content": "A JSON object with a name, please."}]
+    with JudgeServer(ScriptedJudge({None: {"name": "ab"}}), dialect="vllm") as server:
+        judge = OpenAIJudge("test-judge", base_url=server.base_url, api_key="sk-test", request_timeout_s=5)
+        reply = asyncio.run(judge.complete(ask, schema=LOOK_BEHIND, schema_name="probe", temperature=0.1, max_tokens=40))
+        assert json.loads(reply.text) == {"name": "ab"}
+        assert [(r.status, r.error_event is not None, r.response_format["type"]) for r in server.requests] == \
+            [(200, True, "json_schema"), (200, False, "json_object")]
+        assert server_profile(server.base_url).format == "json_object_schema"
+
+        server.reset_log()
+        forced = OpenAIJudge("test-judge", base_url=server.base_url, api_key="sk-test", request_timeout_s=5,
+                             structured_output="json_schema")
+        with pytest.raises(FormatRefused, match="refuses structured_output='json_schema'.*Grammar error"):
+            asyncio.run(forced.complete(ask, schema=LOOK_BEHIND, schema_name="probe", temperature=0.1, max_tokens=40))
+        assert len(server.requests) == 1
+
+
+def test_an_error_event_that_names_no_response_format_fails_the_call_without_a_step_down():
+    """vLLM breaks a streamed answer off with an error event when generation fails (an
+    InternalServerError, no format named): the stage fails, is not re-sent, and the server
+    keeps its json_schema form."""
+    with JudgeServer(ScriptedJudge(script()), dialect="vllm") as server:
+        server.inject("stream_error", stage="propose")
+        result = make_reward(server).score_group(TASK, group())
+    assert result.fallbacks and result.fallbacks[0].startswith("propose: ")
+    assert "Internal server error" in result.fallbacks[0]
+    (broken,) = _refused_or_error_event(server)
+    assert broken.stage == "propose" and broken.error_event["error"]["type"] == "InternalServerError"
+    assert server.calls("propose", status=None) == 1
+    assert server_profile(server.base_url).format == "json_schema"
 
 
 def test_a_timed_out_unstreamed_request_is_not_resent():
