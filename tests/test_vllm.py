@@ -255,14 +255,16 @@ def test_the_judge_on_vllms_openai_server_probe_structured_output_errors_and_ste
 
     refused = {"type": "object", "properties": {"name": {"type": "string", "pattern": "(?<=a)b"}},
                "required": ["name"]}
-    # Unstreamed: vLLM refuses it with a 400 before answering. Streamed, the same refusal
-    # arrives as an error event inside a 200 stream (openai.APIError, no status), which the
-    # judge does not read as a refusal yet.
-    plain = OpenAIJudge("smollm2-135m-instruct", base_url=base_url, api_key="sk-local", request_timeout_s=300,
-                        stream=False)
-    reply = asyncio.run(plain.complete(ask, schema=refused, schema_name="probe", temperature=0.1, max_tokens=40))
-    assert server_profile(base_url).format == "json_object_schema", "the grammar error stepped the judge down"
-    assert reply.text.strip().startswith("{"), reply.text
+    # Unstreamed, vLLM refuses it with a 400 before answering; streamed (the judge's default),
+    # the same refusal is the one error event of a 200 stream. Either way the judge steps down.
+    for stream in (False, True):
+        forget_servers()
+        judge = OpenAIJudge("smollm2-135m-instruct", base_url=base_url, api_key="sk-local", request_timeout_s=300,
+                            stream=stream)
+        assert asyncio.run(judge.probe()).format == "json_schema"
+        reply = asyncio.run(judge.complete(ask, schema=refused, schema_name="probe", temperature=0.1, max_tokens=40))
+        assert server_profile(base_url).format == "json_object_schema", f"stream={stream}: the grammar error stepped down"
+        assert reply.text.strip().startswith("{"), reply.text
 
     stranger = OpenAIJudge("no-such-model", base_url=base_url, api_key="sk-local", request_timeout_s=60)
     with pytest.raises(JudgeUnavailable, match="does not exist"):
