@@ -122,6 +122,9 @@ class RewardSection(NamedSection):
             raise ValueError(REWARDS.unknown(value))
         return value
 
+    dead_judge_groups: int = Field(3, ge=1, description="stop the run (naming the judge's server) once this many "
+                                   "groups in a row had every judge request fail")
+
     @field_validator("options")
     @classmethod
     def _no_secrets(cls, value):
@@ -436,6 +439,7 @@ KNOBS: dict[str, str] = {
     **{key: f"rollout.{key}" for key in RolloutSection.model_fields},
     "reward": "reward.name",
     "reward_options": "reward.options",
+    "dead_judge_groups": "reward.dead_judge_groups",
     "credit": "credit.name",
     "credit_options": "credit.options",
     "turns_without_code": "credit.turns_without_code",

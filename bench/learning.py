@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import tempfile
 import time
 from collections import Counter
@@ -152,7 +151,7 @@ def report(runs: list[dict], ps: list[float], rules: tuple[str, ...], args, tabu
             print(f"{p:>4.1f}  {rule:<8} {its.mean():>7.1f} ± {its.std():<5.1f} {got:>4}/{len(its):<3}  "
                   f"{area.mean():>17.3f} ± {area.std():.3f}  {len(its):>5}{shared}")
     others = [r for r in rules if r != "uniform"]
-    print(f"\nuniform's iterations / the rule's (trainer; tabular: uniform's episodes / the rule's, bench credit)")
+    print("\nuniform's iterations / the rule's (trainer; tabular: uniform's episodes / the rule's, bench credit)")
     print(f"{'p':>4}  " + "  ".join(f"{r:>16}" for r in others))
     for p in ps:
         cells = []
@@ -224,9 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         report(runs, [p for p in ps if any(r["p"] in (p, "any") for r in runs)], rules, args)
         return 0
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    import ray
-
+    from draco_gym.algos.config import ResourcesSection
+    from draco_gym.algos.rllib.session import start_ray, stop_ray
     from draco_gym.bench.learning_setting import (ENV_CONFIG, LOCKS_CONFIG, LOCKS_WARM_START, build_corridor_policy,
                                                   corridor_config)
 
@@ -237,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     todo = [(seed, p, rule) for seed, p, rule in planned(args.seeds, ps, rules)
             if not any(r["seed"] == seed and r["p"] == p and r["rule"] == rule for r in runs)]
     print(f"{len(runs)} runs saved in {out}, {len(todo)} to go", flush=True)
-    ray.init(num_cpus=2, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False)
+    start_ray(ResourcesSection(ray_num_cpus=2, object_store_memory_mb=80))
     start = time.perf_counter()
     warm = LOCKS_WARM_START if args.layout == "locks" else {}
     policy = build_corridor_policy(Path(args.policy or tempfile.mkdtemp(prefix="corridor_policy_")), env_config=env_config,
@@ -262,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{n}/{len(todo)}] p={p} {rule:<8} seed {seed}: {iters:>3} iterations{'' if reached else ' (not reached)'}"
               f", {len(curve)} run in {time.perf_counter() - began:4.0f} s ({time.perf_counter() - start:6.0f} s in all)",
               flush=True)
-    ray.shutdown()
+    stop_ray()
     summary = report(runs, ps, rules, args)
     out.write_text(json.dumps({"setting": setting, "runs": runs, "summary": summary}, indent=1))
     return 0

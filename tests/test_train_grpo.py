@@ -137,23 +137,22 @@ def test_tune_runs_one_iteration(ray_session, tiny_model, tmp_path):
 @pytest.mark.slow
 def test_a_dead_judge_stops_the_run_naming_its_url(ray_session, tiny_model, tmp_path, monkeypatch):
     """Every judge request refused (nothing listens at the URL): the run goes on while fewer
-    than DEAD_JUDGE_GROUPS groups are in, then stops with the judge's URL in the error
+    than ``reward.dead_judge_groups`` (3) groups are in, then stops with the judge's URL in the error
     instead of training on all-zero rewards."""
     import socket
-
-    from draco_gym.reward.judge_health import DEAD_JUDGE_GROUPS
 
     with socket.socket() as s:  # a port where nothing listens: every connection is refused
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
-    judge = {"name": "openai", "model": "test-judge", "base_url": url, "api_key_env": "DEAD_JUDGE_KEY", "max_retries": 0,
-             "request_timeout_s": 10}
+    judge = {"name": "openai", "model": "test-judge", "base_url": url, "api_key_env": "DEAD_JUDGE_KEY",
+             "max_retries": 0, "request_timeout_s": 10}
     monkeypatch.setenv("DEAD_JUDGE_KEY", "sk-test")
     algo = make_config(tiny_model, tmp_path / "run").training(
-        reward="dynamic", reward_options={"judge": judge, "mode": "fused", "retries": 0, "max_repairs": 1,
-                                          "retry_wait_s": 0.01}).build_algo()
+        reward="dynamic", dead_judge_groups=3,
+        reward_options={"judge": judge, "mode": "fused", "retries": 0, "max_repairs": 1, "retry_wait_s": 0.01},
+    ).build_algo()
     try:
-        assert DEAD_JUDGE_GROUPS == 3  # 2 groups per iteration: the second iteration stops
+        # 2 groups per iteration: the second iteration stops
         result = algo.train()
         assert result["judge"]["failed_requests"] > 0
         with pytest.raises(Exception, match="the judge failed every call of the last 3 groups") as stopped:

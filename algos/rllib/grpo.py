@@ -49,7 +49,7 @@ from draco_gym.algos.policy.models import resolve_model
 from draco_gym.algos.rllib.module import HFPolicyModule
 from draco_gym.algos.rllib.reporting import OUTCOME, PHASES, RolloutLog, iteration_metrics
 from draco_gym.metrics import reward_outcome_divergence
-from draco_gym.reward.judge_health import DEAD_JUDGE_GROUPS, DeadJudge, dead_judge
+from draco_gym.reward.judge_health import DeadJudge, dead_judge
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class GRPO(Algorithm):
         super().setup(config)
         self.rollout_log = RolloutLog(Path(config.output_dir) / "rollouts.jsonl") if config.output_dir else None
         self._task_ids = self.config.env_source()[1]
-        self._judged = deque(maxlen=DEAD_JUDGE_GROUPS)  # the last groups' scores, in scoring order
+        self._judged = deque(maxlen=self.config.dead_judge_groups)  # the last groups' scores, in scoring order
         self._reward_and_outcome: list[tuple[float, float | None]] = []  # per iteration
         self._divergence_warned = False
         if self.config.restore_from:
@@ -223,9 +223,9 @@ class GRPO(Algorithm):
     def _stop_on_dead_judge(self, groups: list[dict]) -> None:
         """A judge that answers nothing would zero every reward in silence (the policy then
         learns nothing, or learns from the fallback): the run stops, naming the server, when
-        each of the last ``DEAD_JUDGE_GROUPS`` groups had every judge request fail."""
+        each of the last ``reward.dead_judge_groups`` groups had every judge request fail."""
         self._judged.extend(group["score"] for group in groups)
-        message = dead_judge(list(self._judged))
+        message = dead_judge(list(self._judged), k=self.config.dead_judge_groups)
         if message is not None:
             raise DeadJudge(message)
 
