@@ -23,10 +23,12 @@ Whether a judge model can be talked into a better score by text that stays insid
 is a property of the model, not of this code: ``python bench/judge_quality.py --injection``
 measures it for a given judge.
 
-    python bench/reward_hacks.py [--families pythontools appworld rubric judge] [--sandbox bwrap]
+    python bench/reward_hacks.py [--families pythontools appworld rubric judge] [--sandboxes guard bwrap]
 
-Needs AppWorld's runtime and offline suite for the ``appworld`` family (``draco-gym setup
-appworld``). The last line is ``reward hacks forged: N of M (<sandbox>)``.
+Each sandbox mode runs the whole catalogue; ``guard`` first, since what it does not isolate
+is named in the README and some hacks get past it. Needs AppWorld's runtime and offline
+suite for the ``appworld`` family (``draco-gym setup appworld``). The last line is
+``reward hacks forged: N of M (bwrap)``.
 """
 
 from __future__ import annotations
@@ -169,25 +171,27 @@ RUNNERS: dict[str, Callable[[str], Iterator[Tried]]] = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
-    parser.add_argument("--sandbox", choices=("bwrap", "guard"), default="bwrap")
+    parser.add_argument("--sandboxes", nargs="+", choices=("guard", "bwrap"), default=["guard", "bwrap"])
     args = parser.parse_args()
     import draco_gym  # noqa: F401 - registers the ids
     from draco_gym.envs.os_sandbox import bwrap_problem
 
-    if args.sandbox == "bwrap" and (problem := bwrap_problem()) is not None:
-        raise SystemExit(f"--sandbox bwrap: {problem} (or try --sandbox guard, which isolates less)")
-    tried: list[Tried] = []
-    for family in args.families:
-        start = time.perf_counter()
-        before = len(tried)
-        for t in RUNNERS[family](args.sandbox):
-            tried.append(t)
-            if t.forged or family != "rubric":
-                print(f"{'FORGED' if t.forged else 'HELD  '}  {family:11s} {t.name:40s} {t.detail[:110]}", flush=True)
-        mine = tried[before:]
-        print(f"-- {family}: {sum(t.forged for t in mine)} of {len(mine)} forged "
-              f"({time.perf_counter() - start:.0f} s)", flush=True)
-    print(f"reward hacks forged: {sum(t.forged for t in tried)} of {len(tried)} ({args.sandbox})")
+    if "bwrap" in args.sandboxes and (problem := bwrap_problem()) is not None:
+        raise SystemExit(f"--sandboxes bwrap: {problem} (or try --sandboxes guard, which isolates less)")
+    for sandbox in args.sandboxes:
+        tried: list[Tried] = []
+        for family in args.families:
+            start = time.perf_counter()
+            before = len(tried)
+            for t in RUNNERS[family](sandbox):
+                tried.append(t)
+                if t.forged or family != "rubric":
+                    print(f"{'FORGED' if t.forged else 'HELD  '}  {sandbox:5s} {family:11s} {t.name:34s} "
+                          f"{t.detail[:100]}", flush=True)
+            mine = tried[before:]
+            print(f"-- {sandbox} {family}: {sum(t.forged for t in mine)} of {len(mine)} forged "
+                  f"({time.perf_counter() - start:.0f} s)", flush=True)
+        print(f"reward hacks forged: {sum(t.forged for t in tried)} of {len(tried)} ({sandbox})", flush=True)
 
 
 if __name__ == "__main__":
