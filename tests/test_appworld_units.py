@@ -201,7 +201,7 @@ def test_a_channel_line_over_its_cap_is_refused_without_reading_the_rest():
     assert not channel.has_pending()
     flood = threading.Thread(target=send_flood, daemon=True)
     flood.start()
-    with pytest.raises(ValueError, match="longer than 1048576 bytes"):
+    with pytest.raises(ValueError, match="longer than 1,048,576 bytes"):
         channel.receive(time.monotonic() + 30)
     assert len(channel._pending) <= (1 << 20) + (1 << 16)
     writer.close()

@@ -34,7 +34,7 @@ def tiny_llama(directory) -> str:
         vocab_size=400, special_tokens=["<pad>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
     config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32768,
                          pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
@@ -66,8 +66,10 @@ def test_transformers_judge_returns_text_and_token_counts(model_dir):
 
 
 def test_a_weak_local_judge_ends_in_explicit_fallbacks(model_dir):
-    """A random model decoding freely cannot write the JSON; every stage must fall back, visibly."""
-    judge = build_judge("transformers", model=model_dir, constrained=False)
+    """A random model decoding freely cannot write the JSON; every stage must fall back, visibly.
+    (The fallback rubric, the paper's 21 static criteria, is over 8192 tokens in the tiny
+    model's 400-token vocabulary: the prompt budget is raised so every stage is asked.)"""
+    judge = build_judge("transformers", model=model_dir, constrained=False, max_prompt_tokens=32768)
     reward = DynamicRubricReward(judge, max_tokens=12, max_repairs=0, retries=0)
     result = reward.score_group(TASK, group()[:2])
     assert result.rewards == [0.0, 0.0]

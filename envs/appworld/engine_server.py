@@ -426,6 +426,10 @@ class Shell:
         if self.world is not None:
             raise RuntimeError("a shell serves one episode; the environment forks a fresh one per reset")
         _check_task_id(task_id)
+        # the fork server's earlier shells left their tasks' folders: this one sees only its own
+        for name in os.listdir(_tasks_dir()):
+            if name != task_id:
+                shutil.rmtree(os.path.join(_tasks_dir(), name), ignore_errors=True)
         _write_files(os.path.join(_tasks_dir(), task_id), {"specs.json": specs}, TASK_FILE)
         self.world = self._AgentWorld(task_id=task_id, experiment_name=self.experiment_name,
                                       remote_apis_url="relay://world", load_ground_truth=False,
