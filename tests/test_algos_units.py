@@ -411,12 +411,14 @@ def test_the_progress_callback_pickles_after_ray_replaced_print(tmp_path, monkey
 
     from ray import cloudpickle
 
-    from draco_gym.algos.rllib.reporting import MetricsLog
+    from types import SimpleNamespace
+
     from draco_gym.algos.rllib.runs import ProgressCallback
 
-    callback = ProgressCallback(MetricsLog(tmp_path, total_iterations=2))
+    callback = ProgressCallback(tmp_path, total_iterations=2)
     monkeypatch.setattr(builtins, "print", lambda *args, **kwargs: None)
     restored = cloudpickle.loads(cloudpickle.dumps(callback))
     monkeypatch.undo()
-    restored.log.add({"training_iteration": 1, "env_runners": {"episode_return_mean": 0.5}})
+    restored.on_trial_result(0, [], SimpleNamespace(local_path=None),
+                             {"training_iteration": 1, "env_runners": {"episode_return_mean": 0.5}})
     assert "[iter 1/2]" in capsys.readouterr().out

@@ -93,8 +93,7 @@ def train(config, resume: str | None = None) -> int:
     from draco_gym.algos.config import ConfigError
     from draco_gym.algos.evaluation import no_update_note
     from draco_gym.algos.rllib.grpo import ADAPTER_DIR, GRPOConfig
-    from draco_gym.algos.rllib.reporting import MetricsLog
-    from draco_gym.algos.rllib.runs import fit
+    from draco_gym.algos.rllib.runs import ProgressCallback, fit
 
     out = Path(config.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -108,12 +107,12 @@ def train(config, resume: str | None = None) -> int:
         return 2
     algo_config = GRPOConfig.from_run_config(config, output_dir=str(out)).training(
         task_ids=task_ids, restore_from=str(Path(resume).resolve()) if resume else None)
-    log = MetricsLog(out, config.iterations)
+    progress = ProgressCallback(out, config.iterations)
     print(f"training {config.name}: {config.iterations} iterations x {config.rollout.tasks_per_iteration} tasks x "
           f"G={config.rollout.group_size} on {len(task_ids)} tasks; output in {out}", flush=True)
     t0 = time.time()
     try:
-        results = fit(config, algo_config, log, out)
+        results = fit(config, algo_config, progress, out)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -127,9 +126,9 @@ def train(config, resume: str | None = None) -> int:
         shutil.rmtree(final, ignore_errors=True)
         shutil.copytree(result.checkpoint.path, final)
     print(f"done in {time.time() - t0:.0f}s after {result.metrics.get('training_iteration')} iterations: "
-          f"checkpoint {final} (LoRA adapter: {final / ADAPTER_DIR}), metrics {log.path}, plots {out / 'plots'}, "
+          f"checkpoint {final} (LoRA adapter: {final / ADAPTER_DIR}), metrics {out / 'metrics.jsonl'}, plots {out / 'plots'}, "
           f"rollouts {out / 'rollouts.jsonl'}, TensorBoard: tensorboard --logdir {out / 'tune'}", flush=True)
-    note = no_update_note(log.rows)
+    note = no_update_note(progress.rows)
     if note:
         print(note, flush=True)
     return 0
