@@ -53,6 +53,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.check:
+        try:
+            check_task_ids(config)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         print(f"{args.config}: ok")
         return 0
     if args.resume and not Path(args.resume).is_dir():
@@ -86,6 +91,25 @@ def run(args: argparse.Namespace) -> int:
         print(note)
     print(f"summary: {out / 'summary.json'}", flush=True)
     return 0
+
+
+def check_task_ids(config) -> None:
+    """Every task id the config names (``env.task_ids``, ``warm_start.task_ids``,
+    ``eval.task_ids``) is one its environment knows, checked by building the environment
+    (the eval environment for ``eval.task_ids``); ``ConfigError`` names the key and the id."""
+    from draco_gym.algos.config import ConfigError
+    from draco_gym.algos.rllib.env_runner import env_source
+    from draco_gym.registration import EnvSourceError
+
+    eval_env = {**config.env.config, **config.eval.env_config}
+    for key, ids, env_config in (("env.task_ids", config.env.task_ids, config.env.config),
+                                 ("warm_start.task_ids", config.warm_start.task_ids, config.env.config),
+                                 ("eval.task_ids", config.eval.task_ids, eval_env)):
+        if ids:
+            try:
+                env_source(config.env.id, env_config, config.env.modules, ids)
+            except EnvSourceError as exc:
+                raise ConfigError(f"{key}: {str(exc).removeprefix('task_ids: ')}") from None
 
 
 def train(config, resume: str | None = None) -> int:
