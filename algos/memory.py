@@ -119,6 +119,12 @@ class TreeMemory:
             self.sample()
             self._stop.wait(self.interval_s)
 
+    def summary(self) -> dict:
+        """The peaks as JSON: the tree's, and each process's by its peak PSS (bytes)."""
+        return {"peak_pss": self.peak_pss, "peak_rss": self.peak_rss,
+                "processes": [{"pid": p.pid, "name": p.name, "peak_pss": p.pss, "peak_rss": p.rss}
+                              for p in sorted(self.processes.values(), key=lambda p: p.pss, reverse=True)]}
+
     def report(self, top: int = 8) -> str:
         """The tree's peaks, then the processes by their own peak PSS (each process peaks at
         its own moment, so these add up to more than the tree's peak)."""

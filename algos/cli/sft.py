@@ -94,7 +94,7 @@ def warm_start_from_config(config, settings=None, *, out: str | Path | None = No
     settings = settings or config.warm_start
     model = resolve_model(config.policy.model)
     out = Path(out or Path(config.output_dir) / "warm_start")
-    env = make_env(config.env.id, config.env.config)
+    env = make_env(config.env.id, config.env.config, config.env.modules)
     try:
         task_ids = list(settings.task_ids or config.env.task_ids or getattr(env.unwrapped, "task_ids", None) or [])
         if max_tasks:

@@ -63,11 +63,23 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and not Path(args.resume).is_dir():
         print(f"error: --resume {args.resume}: no such checkpoint directory", file=sys.stderr)
         return 2
-    if config.warm_start.epochs:
-        from draco_gym.algos.cli.sft import warm_start_from_config
+    from draco_gym.algos.memory import TreeMemory
 
+    with TreeMemory() as memory:
+        code = warm_start_then_train(config, args)
+    print(memory.report(), flush=True)
+    out = Path(config.output_dir)
+    if out.is_dir():
+        (out / "memory.json").write_text(json.dumps(memory.summary(), indent=1))
+    return code
+
+
+def warm_start_then_train(config, args: argparse.Namespace) -> int:
+    """The warm start (``warm_start:``), the before evaluation (``--before-after``), GRPO and
+    the after evaluation, in order."""
+    if config.warm_start.epochs:
         try:
-            model = warm_start_from_config(config)
+            model = in_child_process(warm_start_from_config, config)
         except (ValueError, FileNotFoundError) as exc:
             print(f"error: warm_start: {exc}", file=sys.stderr)
             return 2
@@ -91,6 +103,23 @@ def run(args: argparse.Namespace) -> int:
         print(note)
     print(f"summary: {out / 'summary.json'}", flush=True)
     return 0
+
+
+def warm_start_from_config(config):
+    from draco_gym.algos.cli.sft import warm_start_from_config as warm_start
+
+    return warm_start(config)
+
+
+def in_child_process(function, *args):
+    """``function(*args)`` in a fresh process, its result or exception returned here: the
+    warm start's model, optimizer and check leave with the process instead of staying in
+    this one's heap for the rest of the run (Ray's actors hold the policy from then on)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(function, *args).result()
 
 
 def check_task_ids(config) -> None:
