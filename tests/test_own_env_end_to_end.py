@@ -28,12 +28,14 @@ def section() -> str:
 
 
 def blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", section(), re.S)
+    """The section's fenced blocks of a language; a fence closes only at the start of a line (the
+    snippets hold fenced code in strings)."""
+    return re.findall(rf"^```{language}\n(.*?)^```$", section(), re.S | re.M)
 
 
 def snippet_outputs() -> list[tuple[str, str]]:
     """Each python snippet with the ``text`` block that follows it (what it prints)."""
-    return re.findall(r"```python\n(.*?)```\s*\n[^`]*?```text\n(.*?)```", section(), re.S)
+    return re.findall(r"^```python\n((?:(?!^```).)*?)^```\n[^`]*?^```text\n(.*?)^```$", section(), re.S | re.M)
 
 
 def user_folder(tmp_path: Path) -> Path:
