@@ -334,6 +334,10 @@ class WarmStartSection(_Section):
     batch_size: int = Field(4, ge=1, description="demonstrations per optimizer step")
     task_ids: list[str] | None = Field(None, description="demonstrate these tasks' reference solutions (null: "
                                                          "env.task_ids, else every task the env lists)")
+    check_tasks: int = Field(8, ge=0, description="then try the warm-started policy on this many held-out tasks "
+                                                  "(eval.task_ids, else the env's tasks not trained on), 2 episodes "
+                                                  "each at rollout.temperature, and say whether it is ready for "
+                                                  "GRPO; 0: no check")
 
 
 class RunConfig(_Section):

@@ -6,32 +6,17 @@ Ray's raylet, GCS and worker processes are descendants of the driver, so the tre
 summed memory covers the actors too. Two sums are reported at their peaks: RSS counts a page
 shared by several processes (torch's libraries, Ray's shared objects) once per process, an
 upper bound; PSS splits each shared page among the processes sharing it, so the tree's PSS
-is the memory the run occupies (Linux; RSS alone elsewhere).
+is the memory the run occupies (Linux; RSS alone elsewhere). Then each process's own peak
+PSS (``draco_gym.algos.memory``, which ``draco-gym train`` also reports at its end).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 
-import psutil
-
-
-def tree_memory(root: psutil.Process) -> tuple[int, int, list[tuple[int, str]]]:
-    """Summed RSS and PSS of ``root`` and its descendants, and each process's RSS."""
-    rss_total, pss_total, parts = 0, 0, []
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            info = proc.memory_full_info()
-            name = " ".join(proc.cmdline()[:2])[-60:]
-        except psutil.Error:
-            continue
-        rss_total += info.rss
-        pss_total += getattr(info, "pss", info.rss)
-        parts.append((info.rss, name))
-    return rss_total, pss_total, sorted(parts, reverse=True)
+from draco_gym.algos.memory import GIB, TreeMemory
 
 
 def main(argv: list[str]) -> int:
@@ -42,29 +27,14 @@ def main(argv: list[str]) -> int:
         return 2
     t0 = time.time()
     proc = subprocess.Popen(argv)
-    root = psutil.Process(proc.pid)
-    peak = {"rss": 0, "pss": 0, "parts": []}
-
-    def watch() -> None:
-        while proc.poll() is None:
-            try:
-                rss, pss, parts = tree_memory(root)
-            except psutil.Error:
-                rss, pss, parts = 0, 0, []
-            if rss > peak["rss"]:
-                peak["rss"], peak["parts"] = rss, parts
-            peak["pss"] = max(peak["pss"], pss)
-            time.sleep(0.5)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
+    memory = TreeMemory(proc.pid)
+    memory.start()
     rc = proc.wait()
-    thread.join(timeout=2)
-    print(f"[measure] exit={rc} wall={time.time() - t0:.1f}s peak_tree_pss={peak['pss'] / 2**30:.2f}GiB "
-          f"peak_tree_rss={peak['rss'] / 2**30:.2f}GiB (upper bound)", flush=True)
-    print("[measure] at the RSS peak, per process (RSS):")
-    for rss, name in peak["parts"][:8]:
-        print(f"[measure]   {rss / 2**20:8.0f} MiB  {name}")
+    memory.stop()
+    print(f"[measure] exit={rc} wall={time.time() - t0:.1f}s peak_tree_pss={memory.peak_pss / GIB:.2f}GiB "
+          f"peak_tree_rss={memory.peak_rss / GIB:.2f}GiB (upper bound)", flush=True)
+    for line in memory.report().splitlines()[1:]:
+        print(f"[measure] {line}")
     return rc
 
 

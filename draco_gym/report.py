@@ -254,7 +254,19 @@ def _step_detail(step: dict, last: bool, termination: str | None, where: str, li
         marks.append("the episode hit its token budget here: this message may be cut off")
     return {"text": cap_text(text, limits.message, where), "obs": cap_text(obs, limits.observation, where),
             "code": None if code is None else cap_text(str(code), limits.code, where),
+            "nocode": None if code is not None else without_code(step, last),
             "n": int(step.get("n_tokens") or 0), "marks": marks}
+
+
+def without_code(step: dict, last: bool) -> str:
+    """What a turn without a code block was: a malformed reply (the parse error the agent was
+    shown: a block opened but never closed, several blocks, an empty one), the closing
+    message (the episode's last turn), or a message mid-episode (to a user, in tau-bench)."""
+    parse = (step.get("info") or {}).get("parse")
+    error = parse.get("error") if isinstance(parse, dict) else None
+    if error:
+        return f"malformed reply ({error})"
+    return "closing message" if last else "message without code"
 
 
 def summarise_group(group: _Group, gid: int, source: str, limits: Limits) -> tuple[dict, dict, dict]:

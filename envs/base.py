@@ -399,6 +399,19 @@ class CodeStepEnv(gym.Env[str, str]):
             metrics={**self._metrics, **self._counts},
         )
 
+    def end_episode(self, termination: str) -> Trajectory:
+        """End a running episode from outside (the trainer's token budget ran out,
+        ``Termination.LENGTH``; the environment raised, ``ENV_ERROR``): the environment still
+        evaluates it as it stands, so a cut-off episode has an outcome (a task left undone is
+        a failure) and its termination beside it. An episode that already ended keeps its
+        own termination and evaluation."""
+        if self._task is None:
+            raise gym.error.ResetNeeded("no episode to end; call reset()")
+        if self._termination is None:
+            self._termination = termination
+            self._metrics = self._safe_evaluate()
+        return self.trajectory()
+
     def restore(self, task_id: str, messages: list[str], seed: int | None = None) -> tuple[str, dict]:
         """Start ``task_id`` afresh and replay ``messages`` through ``step``: the state an
         episode had after those messages, when the environment is deterministic

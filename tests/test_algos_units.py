@@ -210,6 +210,29 @@ def test_rollout_ends_as_length_when_the_budget_runs_out(tiny, env):
                           chat, limits)
     assert traj.termination == Termination.LENGTH
     assert all(0 < s.n_tokens <= 8 for s in traj.steps)
+    # The environment evaluated the cut-off episode: an outcome (not submitted: a failure) that
+    # the outcome reward scores without a fallback, and the env knows it ended
+    assert traj.metrics["success"] is False and traj.metrics["submitted"] is False
+    assert env.unwrapped.termination == Termination.LENGTH
+    from draco_gym.reward import OutcomeReward
+
+    score = OutcomeReward().score_group(traj.task, [traj])
+    assert score.rewards == [0.0] and score.fallbacks == []
+
+
+def test_a_cut_off_episode_keeps_what_it_achieved(tiny, env):
+    """Submitted right, then the token budget ran out before the closing message (end rule
+    no_code): the environment's evaluation at the cut is a success, beside termination length."""
+    _, tok = tiny
+    chat = ChatFormat.from_tokenizer(tok)
+    task = env.unwrapped.task_ids[0]
+    env.reset(options={"task_id": task})
+    submit = f"```python\nsubmit({env.unwrapped.task.metadata['answer']!r})\n```"
+    limits = EpisodeLimits(max_new_tokens=64, max_response_tokens=len(chat.encode(submit)) + 2)
+    ep = Episode.start(env, chat, limits, task_id=task)
+    [traj] = run_episodes([ep], ScriptedSampler(chat, [submit, "Done."]), chat, limits)
+    assert traj.termination == Termination.LENGTH and len(traj.steps) == 1
+    assert traj.metrics["submitted"] is True and traj.metrics["success"] is True
 
 
 def _group(tiny, env):
@@ -388,12 +411,14 @@ def test_the_progress_callback_pickles_after_ray_replaced_print(tmp_path, monkey
 
     from ray import cloudpickle
 
-    from draco_gym.algos.rllib.reporting import MetricsLog
+    from types import SimpleNamespace
+
     from draco_gym.algos.rllib.runs import ProgressCallback
 
-    callback = ProgressCallback(MetricsLog(tmp_path, total_iterations=2))
+    callback = ProgressCallback(tmp_path, total_iterations=2)
     monkeypatch.setattr(builtins, "print", lambda *args, **kwargs: None)
     restored = cloudpickle.loads(cloudpickle.dumps(callback))
     monkeypatch.undo()
-    restored.log.add({"training_iteration": 1, "env_runners": {"episode_return_mean": 0.5}})
+    restored.on_trial_result(0, [], SimpleNamespace(local_path=None),
+                             {"training_iteration": 1, "env_runners": {"episode_return_mean": 0.5}})
     assert "[iter 1/2]" in capsys.readouterr().out

@@ -40,6 +40,14 @@ def test_quickstart_env_builds_and_every_train_task_has_a_working_reference():
         env.close()
 
 
+def test_check_names_a_task_id_the_env_does_not_know(capsys):
+    assert main(["train", str(QUICKSTART), "--check", "--set", "eval.task_ids=[purchase-2, purchse-4]"]) == 2
+    err = capsys.readouterr().err
+    assert "eval.task_ids: ['purchse-4'] not among the 40 tasks" in err and "did you mean 'purchase-4'" in err
+    assert main(["train", str(QUICKSTART), "--check", "--set", "warm_start.task_ids=[purchase-99]"]) == 2
+    assert "warm_start.task_ids: ['purchase-99']" in capsys.readouterr().err
+
+
 def test_warm_start_section_is_validated():
     with pytest.raises(ConfigError, match="warm_start.epoch.*unknown key.*warm_start.epochs"):
         load_config(QUICKSTART, ["warm_start.epoch=3"])

@@ -468,3 +468,22 @@ def test_many_groups_are_paged_and_the_lens_counts_every_page(tmp_path, browser)
         assert page.errors == [] and page.left_the_page() == []
     finally:
         page.close()
+
+
+def test_a_turn_without_code_is_labelled_for_what_it_was():
+    """A malformed reply mid-episode is not a closing message: the label names the parse
+    error the agent was shown (the page shows "no code: <label>")."""
+    limits = report.Limits()
+    unclosed = {"text": "```python\nprint(get_product('P101'", "code": None, "observation": "Error: ...",
+                "info": {"parse": {"n_blocks": 0, "error": "a code block was opened but never closed"}}}
+    closing = {"text": "Done.", "code": None, "observation": "", "info": {"parse": {"n_blocks": 0, "error": None}}}
+    said = {"text": "Which order?", "code": None, "observation": "User: O1", "info": {}}
+    detail = lambda step, last: report._step_detail(step, last, None, "line 1", limits)["nocode"]  # noqa: E731
+    assert detail(unclosed, False) == detail(unclosed, True) == \
+        "malformed reply (a code block was opened but never closed)"
+    assert detail(closing, True) == "closing message"
+    assert detail(said, False) == "message without code"
+    assert report._step_detail({**closing, "code": "x = 1"}, True, None, "l", limits)["nocode"] is None
+    script = os.path.join(os.path.dirname(report.__file__), "report_assets", "report.js")
+    with open(script) as fh:
+        assert "'no code: ' + (s.nocode" in fh.read()  # the page shows the label

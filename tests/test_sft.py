@@ -34,7 +34,7 @@ def reference_accuracy(model_dir, task_ids) -> float:
     return sum(same) / len(same)
 
 
-def test_sft_command_teaches_the_reference_solutions(tmp_path):
+def test_sft_command_teaches_the_reference_solutions(tmp_path, capsys):
     from draco_gym.bench.learning_setting import ENV_CONFIG, build_corridor_policy
 
     policy = build_corridor_policy(tmp_path / "policy")
@@ -53,6 +53,36 @@ def test_sft_command_teaches_the_reference_solutions(tmp_path):
     after = reference_accuracy(out, tasks)
     # Before: doors at chance, greedy picks one door everywhere; after: every task's reference.
     assert before <= 0.25 and after == 1.0, (before, after)
+    # Progress per step with its loss, per epoch, then the check and its verdict.
+    printed = capsys.readouterr().out
+    assert "step 1/80 (epoch 1): loss " in printed and "step 80/80 (epoch 80): loss " in printed
+    assert "epoch 80/80: mean loss " in printed
+    assert "checking the warm-started policy on 4 train tasks (nothing is held out" in printed
+    assert "closed, well-formed code blocks: 1.00 (" in printed
+    assert "warm start check: ready for GRPO" in printed
+    check = report["check"]
+    assert check["verdict"] == "ready for GRPO" and check["success_rate"]["n"] == 8
+    assert check["success_rate"]["mean"] >= 0.75
+
+
+def test_sft_says_a_policy_that_writes_no_code_is_too_weak(tmp_path, capsys):
+    """A random tiny model, barely trained: its turns carry no closed code block."""
+    from draco_gym.bench.learning_setting import ENV_CONFIG
+    from draco_gym.algos.policy.models import build_tiny_llama
+
+    policy = build_tiny_llama(tmp_path / "noise")
+    config = tmp_path / "corridor.yaml"
+    config.write_text(json.dumps({
+        "name": "corridor", "output_dir": str(tmp_path / "run"),
+        "env": {"id": "draco_gym/Corridor-v0", "config": ENV_CONFIG},
+        "policy": {"model": str(policy), "lora": {"r": 4, "alpha": 8}},
+        "rollout": {"max_new_tokens": 12, "max_response_tokens": 100},
+        "warm_start": {"check_tasks": 2},
+    }))
+    assert main(["sft", str(config), "--epochs", "1", "--lr", "1e-6"]) == 0
+    printed = capsys.readouterr().out
+    assert "warm start check: too weak: more epochs or a larger model" in printed
+    assert "env success: 0.00 (0/4)" in printed
 
 
 def test_sft_refuses_an_env_without_references(tmp_path, capsys):

@@ -44,6 +44,12 @@ def test_train_then_eval_leave_every_artifact(tmp_path, capsys):
     assert list((out / "tune").rglob("events.out.tfevents*")), "no TensorBoard events"
     assert len((out / "rollouts.jsonl").read_text().splitlines()) == 4
     assert (out / "checkpoint").is_dir()
+    # Memory, per process and for the tree, at the end (bench/measure_run.py's figures)
+    assert "memory: peak " in printed and "GiB PSS for the whole process tree" in printed
+    memory = json.loads((out / "memory.json").read_text())
+    names = [p["name"] for p in memory["processes"]]
+    assert any("GRPO" in n for n in names) and any("LLMEnvRunner" in n for n in names), names
+    assert memory["peak_pss"] >= max(p["peak_pss"] for p in memory["processes"]) > 0
 
     # Resume: one more iteration from the final checkpoint, appended to the same metrics.
     assert main(["train", str(path), "--resume", str(out / "checkpoint"), "--iterations", "3"]) == 0

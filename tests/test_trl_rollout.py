@@ -82,9 +82,62 @@ def test_draco_credit_reaches_trls_loss_per_token(corridor_policy, tmp_path):
         assert all(a == 0 for a, s in zip(row, steps) if s == GAP)  # observations and padding
         moved += len({round(a, 6) for a in own}) > 1
     assert moved > 0, "DRACO credit moved no advantage between steps"
+    # TRL's own log shows it: the share of the model's tokens whose advantage is not A_i
+    changed = sum(abs(a - a_i) > 1e-6 * max(1.0, abs(a_i))
+                  for traj, row, a_i in zip(trajs, rows, A)
+                  for a, s in zip(row, _completion_steps(traj, len(row))) if s != GAP)
+    tokens = sum(s != GAP for t in trajs for s in t.token_step)
+    logged = trainer.state.log_history[0]
+    assert logged["credit/changed_token_share"] == pytest.approx(changed / tokens, abs=1e-6)
+    assert 0 < logged["credit/changed_token_share"] and logged["credit/step_advantage_spread"] > 0
 
 
 def _completion_steps(traj, width):
     first = next(t for t, s in enumerate(traj.token_step) if s != GAP)
     steps = traj.token_step[first:]
     return steps + [GAP] * (width - len(steps))
+
+
+def test_credit_stats_by_hand():
+    """Two episodes: A = 1 with steps of 2 and 3 tokens credited 1.0 and 2.0 (3 of 5 tokens
+    changed, spread 0.5); A = -1 credited -1 on its one step of 4 tokens (unchanged)."""
+    from draco_gym.algos.trl import CreditStats
+    from draco_gym.types import Step, Task, Trajectory
+
+    task = Task(id="t", instruction="i")
+    first = Trajectory(task=task, steps=[Step(index=1, text="a", n_tokens=2), Step(index=2, text="b", n_tokens=3)])
+    second = Trajectory(task=task, steps=[Step(index=1, text="c", n_tokens=4)])
+    stats = CreditStats()
+    stats.add(first, 1.0, [1.0, 2.0])
+    stats.add(second, -1.0, [-1.0])
+    assert stats.metrics() == pytest.approx({"credit/changed_token_share": 3 / 9, "credit/step_advantage_spread": 0.5,
+                                             "credit/step_advantage_abs_mean": 4 / 3})
+
+
+def readme_trl_snippet() -> str:
+    import re
+    from pathlib import Path
+
+    section = (Path(__file__).resolve().parents[1] / "README.md").read_text().split("**In TRL**", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_readme_trl_snippet_runs_on_cpu_and_logs_the_credit(corridor_policy, tmp_path):
+    """README's TRL snippet as written, but for the model (the tiny Corridor policy)."""
+    import json
+    import subprocess
+    import sys
+
+    code = readme_trl_snippet()
+    assert 'resolve_model("smollm2-135m-instruct")' in code and "use_cpu=True" in code
+    code = code.replace('resolve_model("smollm2-135m-instruct")', repr(str(corridor_policy)))
+    code += "\nimport json\nprint('LOG ' + json.dumps(trainer.state.log_history))\n"
+    (tmp_path / "trl_run.py").write_text(code)
+    done = subprocess.run([sys.executable, "trl_run.py"], cwd=tmp_path, capture_output=True, text=True, timeout=1700)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("LOG ")]
+    steps = [row for row in json.loads(line[4:]) if "loss" in row]
+    assert steps and all("credit/changed_token_share" in row and "credit/step_advantage_spread" in row
+                         for row in steps)

@@ -14,6 +14,10 @@ Then ``summary.json`` holds ``splits.<split>.checkpoints.<checkpoint>`` (each ru
 and ``splits.<split>.mean`` (each metric's mean over the checkpoints); a single split and
 checkpoint also keeps its metrics at the top level.
 
+A checkpoint runs on the base model its adapter was trained on (PEFT's ``adapter_config.json``
+names it: after a warm start, ``OUTPUT_DIR/warm_start``), which the config's ``policy.model``
+must be, or have been warm-started into; another base is refused, naming both.
+
 Writes ``OUTPUT_DIR/eval/summary.json`` and every episode to ``OUTPUT_DIR/eval/rollouts.jsonl``
 (one run) or ``rollouts-<split>-<checkpoint>.jsonl`` (several). ``--checkpoint base``
 evaluates the base model (adapter at its zero start).
@@ -92,6 +96,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         checkpoints = resolve_checkpoints(args.checkpoint, config.output_dir, ev.last_checkpoints)
     except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from draco_gym.algos.rllib.runs import checkpoint_model
+
+    try:  # each adapter's base model, checked here, before Ray starts
+        for checkpoint in checkpoints:
+            checkpoint_model(config, None if checkpoint == BASE else checkpoint)
+    except (ConfigError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     plans, skipped = [], {}

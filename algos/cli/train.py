@@ -53,16 +53,33 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.check:
+        try:
+            check_task_ids(config)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         print(f"{args.config}: ok")
         return 0
     if args.resume and not Path(args.resume).is_dir():
         print(f"error: --resume {args.resume}: no such checkpoint directory", file=sys.stderr)
         return 2
-    if config.warm_start.epochs:
-        from draco_gym.algos.cli.sft import warm_start_from_config
+    from draco_gym.algos.memory import TreeMemory
 
+    with TreeMemory() as memory:
+        code = warm_start_then_train(config, args)
+    print(memory.report(), flush=True)
+    out = Path(config.output_dir)
+    if out.is_dir():
+        (out / "memory.json").write_text(json.dumps(memory.summary(), indent=1))
+    return code
+
+
+def warm_start_then_train(config, args: argparse.Namespace) -> int:
+    """The warm start (``warm_start:``), the before evaluation (``--before-after``), GRPO and
+    the after evaluation, in order."""
+    if config.warm_start.epochs:
         try:
-            model = warm_start_from_config(config)
+            model = in_child_process(warm_start_from_config, config)
         except (ValueError, FileNotFoundError) as exc:
             print(f"error: warm_start: {exc}", file=sys.stderr)
             return 2
@@ -88,13 +105,48 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def warm_start_from_config(config):
+    from draco_gym.algos.cli.sft import warm_start_from_config as warm_start
+
+    return warm_start(config)
+
+
+def in_child_process(function, *args):
+    """``function(*args)`` in a fresh process, its result or exception returned here: the
+    warm start's model, optimizer and check leave with the process instead of staying in
+    this one's heap for the rest of the run (Ray's actors hold the policy from then on)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(function, *args).result()
+
+
+def check_task_ids(config) -> None:
+    """Every task id the config names (``env.task_ids``, ``warm_start.task_ids``,
+    ``eval.task_ids``) is one its environment knows, checked by building the environment
+    (the eval environment for ``eval.task_ids``); ``ConfigError`` names the key and the id."""
+    from draco_gym.algos.config import ConfigError
+    from draco_gym.algos.rllib.env_runner import env_source
+    from draco_gym.registration import EnvSourceError
+
+    eval_env = {**config.env.config, **config.eval.env_config}
+    for key, ids, env_config in (("env.task_ids", config.env.task_ids, config.env.config),
+                                 ("warm_start.task_ids", config.warm_start.task_ids, config.env.config),
+                                 ("eval.task_ids", config.eval.task_ids, eval_env)):
+        if ids:
+            try:
+                env_source(config.env.id, env_config, config.env.modules, ids)
+            except EnvSourceError as exc:
+                raise ConfigError(f"{key}: {str(exc).removeprefix('task_ids: ')}") from None
+
+
 def train(config, resume: str | None = None) -> int:
     from draco_gym.algos.cli.prepare import prepare
     from draco_gym.algos.config import ConfigError
     from draco_gym.algos.evaluation import no_update_note
     from draco_gym.algos.rllib.grpo import ADAPTER_DIR, GRPOConfig
-    from draco_gym.algos.rllib.reporting import MetricsLog
-    from draco_gym.algos.rllib.runs import fit
+    from draco_gym.algos.rllib.runs import ProgressCallback, fit
 
     out = Path(config.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -108,12 +160,12 @@ def train(config, resume: str | None = None) -> int:
         return 2
     algo_config = GRPOConfig.from_run_config(config, output_dir=str(out)).training(
         task_ids=task_ids, restore_from=str(Path(resume).resolve()) if resume else None)
-    log = MetricsLog(out, config.iterations)
+    progress = ProgressCallback(out, config.iterations)
     print(f"training {config.name}: {config.iterations} iterations x {config.rollout.tasks_per_iteration} tasks x "
           f"G={config.rollout.group_size} on {len(task_ids)} tasks; output in {out}", flush=True)
     t0 = time.time()
     try:
-        results = fit(config, algo_config, log, out)
+        results = fit(config, algo_config, progress, out)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -127,9 +179,9 @@ def train(config, resume: str | None = None) -> int:
         shutil.rmtree(final, ignore_errors=True)
         shutil.copytree(result.checkpoint.path, final)
     print(f"done in {time.time() - t0:.0f}s after {result.metrics.get('training_iteration')} iterations: "
-          f"checkpoint {final} (LoRA adapter: {final / ADAPTER_DIR}), metrics {log.path}, plots {out / 'plots'}, "
+          f"checkpoint {final} (LoRA adapter: {final / ADAPTER_DIR}), metrics {out / 'metrics.jsonl'}, plots {out / 'plots'}, "
           f"rollouts {out / 'rollouts.jsonl'}, TensorBoard: tensorboard --logdir {out / 'tune'}", flush=True)
-    note = no_update_note(log.rows)
+    note = no_update_note(progress.rows)
     if note:
         print(note, flush=True)
     return 0

@@ -215,3 +215,64 @@ def build_tiny_llama(path: str | Path, *, seed: int = 0, vocab_size: int = 384,
     tokenizer.save_pretrained(path)
     (path / "draco_gym_tiny.json").write_text(json.dumps({"seed": seed, "random_init": True}))
     return path
+
+
+# -- the base a trained adapter belongs to ----------------------------------------------------
+
+
+class BaseModelMismatch(ValueError):
+    """An adapter was about to be loaded on a model other than the one it was trained on."""
+
+
+def adapter_base(adapter_dir: str | Path) -> str | None:
+    """The base model a PEFT adapter was trained on, as its ``adapter_config.json`` records
+    it (``base_model_name_or_path``: after a warm start, ``OUTPUT_DIR/warm_start``); None
+    when the folder holds no adapter config."""
+    path = Path(adapter_dir) / "adapter_config.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text()).get("base_model_name_or_path") or None
+
+
+def warm_start_origin(model_dir: str | Path) -> str | None:
+    """The model a warm-started directory was trained from (its ``warm_start.json``), if any."""
+    path = Path(model_dir) / "warm_start.json"
+    if not path.is_file():
+        return None
+    return (json.loads(path.read_text()).get("key") or {}).get("model")
+
+
+def _same_dir(a: str | Path, b: str | Path) -> bool:
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+
+
+def base_for_adapter(adapter_dir: str | Path, model: str, *, where: str = "policy.model") -> str:
+    """The model to load ``adapter_dir``'s adapter on, given the run's policy model (a local
+    directory, already resolved): the base the adapter records. The run's model is that base,
+    or the model it was warm-started from (a config with ``warm_start:`` names the model before
+    its warm start); any other model is refused, naming both. An adapter that records no base,
+    or one whose base is not on this machine (a run copied from elsewhere), is loaded on
+    ``model``."""
+    recorded = adapter_base(adapter_dir)
+    if recorded is None or _same_dir(recorded, model):
+        return model
+    if not Path(recorded).is_dir():
+        print(f"note: the adapter in {adapter_dir} was trained on {recorded}, which is not on this machine; "
+              f"loading it on {where} = {model} unchecked", file=sys.stderr, flush=True)
+        return model
+    origin = warm_start_origin(recorded)
+    if origin is not None and _same_dir(origin, model):
+        return str(Path(recorded).resolve())
+    raise BaseModelMismatch(
+        f"the adapter in {adapter_dir} was trained on the base model {recorded}, but {where} is {model}; "
+        f"an adapter only means something on its own base: set {where} to {recorded}")
+
+
+def check_adapter_base(adapter_dir: str | Path, model: str, *, fix: str) -> None:
+    """Refuse to load ``adapter_dir``'s adapter into a policy built on ``model`` when the
+    adapter records another base that is on this machine; ``fix`` says how to build the
+    policy on the right one."""
+    recorded = adapter_base(adapter_dir)
+    if recorded is not None and Path(recorded).is_dir() and not _same_dir(recorded, model):
+        raise BaseModelMismatch(f"the adapter in {adapter_dir} was trained on the base model {recorded}, but this "
+                                f"policy is built on {model}; {fix}")

@@ -163,10 +163,14 @@ def _finish(ep: Episode, termination: str | None) -> None:
     """Close the record: the environment's trajectory plus the token arrays.
 
     ``termination`` overrides the environment's own reason when the trainer ended the
-    episode (token budget, environment exception). The environment may have recorded fewer
-    steps than were sampled only when it raised; the token record is cut to match.
+    episode (token budget, environment exception); the environment then ends it too
+    (``CodeStepEnv.end_episode``), so the episode is evaluated like any other and its outcome
+    is there for the reward. The environment may have recorded fewer steps than were sampled
+    only when it raised; the token record is cut to match.
     """
-    traj = ep.env.unwrapped.trajectory()
+    env = ep.env.unwrapped
+    end = getattr(env, "end_episode", None) if termination is not None else None
+    traj = end(termination) if end is not None else env.trajectory()
     steps = traj.steps
     n = len(steps)
     if n < ep.n_steps:  # the failing step never reached the environment's record

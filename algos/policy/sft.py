@@ -21,6 +21,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,9 @@ def train_supervised(model, examples: Sequence[Demonstration], *, epochs: int = 
     Each minibatch's loss is the mean over its policy tokens, as one padded batch would
     give, but its gradient is accumulated one demonstration at a time: memory is that of
     one episode (a 1000-token AppWorld episode of SmolLM2-135M in a batch of 4 took 16 GB).
-    Returns the mean loss of each epoch."""
+    ``log`` gets a row after every optimizer step (``epoch``, ``epochs``, ``step``,
+    ``steps``, ``loss``: that minibatch's) and one at each epoch's end (``epoch``,
+    ``epochs``, ``epoch_loss``). Returns the mean loss of each epoch."""
     import torch
 
     if not examples:
@@ -80,6 +83,8 @@ def train_supervised(model, examples: Sequence[Demonstration], *, epochs: int = 
     rng = random.Random(seed)
     order = list(range(len(examples)))
     losses = []
+    steps_per_epoch = -(-len(order) // batch_size)
+    step = 0
     model.train()
     for epoch in range(epochs):
         rng.shuffle(order)
@@ -89,20 +94,26 @@ def train_supervised(model, examples: Sequence[Demonstration], *, epochs: int = 
             # a token predicts the next one: the targets are the policy tokens from position 1 on
             n_targets = sum(sum(e.loss_mask[1:]) for e in batch)
             optim.zero_grad()
+            batch_loss = 0.0
             for e in batch:
                 ids = torch.tensor([e.token_ids], device=device)
                 labels = torch.where(torch.tensor([e.loss_mask], device=device) > 0, ids, -100)
                 out = model(input_ids=ids, labels=labels)
                 share = sum(e.loss_mask[1:]) / n_targets
                 (out.loss * share).backward()
-                total += float(out.loss.detach()) * share * len(batch)
+                batch_loss += float(out.loss.detach()) * share
             if grad_clip:
                 torch.nn.utils.clip_grad_norm_(params, grad_clip)
             optim.step()
+            total += batch_loss * len(batch)
             count += len(batch)
+            step += 1
+            if log:
+                log({"epoch": epoch + 1, "epochs": epochs, "step": step, "steps": steps_per_epoch * epochs,
+                     "loss": batch_loss})
         losses.append(total / count)
         if log:
-            log({"epoch": epoch + 1, "loss": losses[-1]})
+            log({"epoch": epoch + 1, "epochs": epochs, "epoch_loss": losses[-1]})
     model.eval()
     if not all(math.isfinite(x) for x in losses):
         raise FloatingPointError(f"supervised loss diverged: {losses}")
@@ -136,3 +147,59 @@ def warm_start(model_dir: str | Path, examples: Sequence[Demonstration], out_dir
     tmp.rename(out)
     return {"losses": losses, "examples": len(examples),
             "policy_tokens": sum(e.n_policy_tokens for e in examples), "model": str(out)}
+
+
+# -- is the warm start good enough to start GRPO from? ---------------------------------------
+
+
+READY = "ready for GRPO"
+TOO_WEAK = "too weak: more epochs or a larger model"
+
+
+def check_policy(model_dir: str | Path, make_env: Callable[[], Any], task_ids: Sequence[str], limits, *,
+                 episodes_per_task: int = 2, temperature: float = 1.0, dtype: str = "float32", seed: int = 0,
+                 parallel: int = 4) -> dict:
+    """A few sampled episodes of ``task_ids`` with the model in ``model_dir``, played by the
+    rollout loop GRPO uses (same chat layout, sampler and token budgets ``limits``), no Ray:
+    ``draco_gym.algos.evaluation.episode_summary``'s rates (``well_formed_turns``: turns with
+    one closed, well-formed code block; ``success_rate``: the environment's verdict) plus a
+    ``verdict`` (``warm_start_verdict``). ``parallel`` episodes run at a time, each in an
+    environment of its own from ``make_env``."""
+    from transformers import AutoTokenizer
+
+    from draco_gym.algos.evaluation import episode_summary
+    from draco_gym.algos.policy.chat import ChatFormat, eos_token_ids
+    from draco_gym.algos.policy.generation import TorchSampler
+    from draco_gym.algos.policy.lm import load_causal_lm
+    from draco_gym.algos.policy.rollout import Episode, run_episodes
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    chat = ChatFormat.from_tokenizer(tokenizer)
+    lm = load_causal_lm(str(model_dir), dtype)
+    eos = eos_token_ids(tokenizer, getattr(lm, "generation_config", None))
+    sampler = TorchSampler(lm, eos_ids=eos, pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None
+                           else eos[0], temperature=temperature)
+    plays = [task for task in task_ids for _ in range(episodes_per_task)]
+    envs = [make_env() for _ in range(min(parallel, len(plays)))]
+    trajectories = []
+    try:
+        for start in range(0, len(plays), len(envs)):
+            batch = plays[start : start + len(envs)]
+            episodes = [Episode.start(env, chat, limits, task_id=task, seed=seed + start + k)
+                        for k, (env, task) in enumerate(zip(envs, batch))]
+            trajectories += run_episodes(episodes, sampler, chat, limits, seed=seed + start)
+    finally:
+        for env in envs:
+            env.close()
+    summary = episode_summary([{"task_id": t.task.id, "trajectories": [t]} for t in trajectories])
+    return {**summary, "tasks": list(dict.fromkeys(task_ids)), "episodes_per_task": episodes_per_task,
+            "temperature": temperature, "verdict": warm_start_verdict(summary)}
+
+
+def warm_start_verdict(summary: dict) -> str:
+    """``READY`` when GRPO has something to learn from: at least half the turns carry a
+    closed, well-formed code block and some episode succeeds (a group with a success and a
+    failure has spread); else ``TOO_WEAK``."""
+    well_formed = summary["well_formed_turns"]["mean"]
+    wins = summary["success_rate"]["k"]
+    return READY if well_formed >= 0.5 and wins > 0 else TOO_WEAK

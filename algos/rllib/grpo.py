@@ -45,9 +45,9 @@ from draco_gym.algos.credit import CREDIT_RULES, get_credit_rule
 from draco_gym.algos.credit.apply import CreditedBatch, apply_credit
 from draco_gym.algos.rllib.env_runner import RESTORED, LLMEnvRunner, env_source
 from draco_gym.algos.rllib.learner import GRPOTorchLearner
-from draco_gym.algos.policy.models import resolve_model
+from draco_gym.algos.policy.models import adapter_base, check_adapter_base, resolve_model
 from draco_gym.algos.rllib.module import HFPolicyModule
-from draco_gym.algos.rllib.reporting import OUTCOME, PHASES, RolloutLog, iteration_metrics
+from draco_gym.algos.rllib.reporting import OUTCOME, PHASES, MetricsLog, RolloutLog, iteration_metrics
 from draco_gym.metrics import reward_outcome_divergence
 from draco_gym.reward.judge_health import DeadJudge, dead_judge
 
@@ -142,6 +142,8 @@ class GRPOConfig(AlgorithmConfig):
                 VLLMRuntime().engine_python()
             except SetupError as exc:
                 raise ConfigError(f"policy.sampler: {exc}") from None
+        if self.output_dir and not self._is_frozen:  # Tune runs the trial in a folder of its own
+            self.output_dir = local_path(self.output_dir)
         if not self.in_evaluation:
             entry = self.env_source()[0]
             if not self._is_frozen:
@@ -190,6 +192,7 @@ class GRPO(Algorithm):
         _ = config.model_path  # convert an aliased model once, before every actor loads it
         super().setup(config)
         self.rollout_log = RolloutLog(Path(config.output_dir) / "rollouts.jsonl") if config.output_dir else None
+        self.metrics_log = MetricsLog(config.output_dir) if config.output_dir else None
         self._task_ids = self.config.env_source()[1]
         self._judged = deque(maxlen=self.config.dead_judge_groups)  # the last groups' scores, in scoring order
         self._reward_and_outcome: list[tuple[float, float | None]] = []  # per iteration
@@ -200,6 +203,15 @@ class GRPO(Algorithm):
             self.restore_from_path(str(Path(self.config.restore_from).resolve()))
 
     # -- one iteration -------------------------------------------------------------------------
+
+    def train(self) -> dict:
+        """RLlib's ``train``; with an ``output_dir``, each result also goes to
+        ``OUTPUT_DIR/metrics.jsonl`` and the plots, whoever calls it (a script, Tune,
+        ``draco-gym train``)."""
+        result = super().train()
+        if self.metrics_log is not None:
+            self.metrics_log.add(result)
+        return result
 
     def training_step(self) -> None:
         timers: dict[str, float] = dict.fromkeys(PHASES, 0.0)
@@ -367,7 +379,12 @@ class GRPO(Algorithm):
         each. RLlib's own push after a restore does not wait, and is dropped while an earlier
         push to that runner is still in flight (one request per runner at a time), and a
         runner keeps weights newer than the ones it is sent: either way the first iteration
-        after a restore would sample with the wrong policy."""
+        after a restore would sample with the wrong policy. An adapter trained on another base
+        model than this algorithm's is refused (``models.check_adapter_base``), naming both."""
+        if kwargs.get("filesystem") is None:
+            path = local_path(path)
+            check_adapter_base(Path(path) / ADAPTER_DIR, self.config.model_path,
+                               fix=f"build the algorithm with .policy(model={str(adapter_base(Path(path) / ADAPTER_DIR))!r})")
         super().restore_from_path(path, *args, **kwargs)
         state = self.learner_group.get_state(components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}",
                                              inference_only=True)[COMPONENT_LEARNER]
@@ -389,11 +406,25 @@ class GRPO(Algorithm):
 
     # -- checkpoints ---------------------------------------------------------------------------
 
+    @classmethod
+    def from_checkpoint(cls, path, filesystem=None, **kwargs) -> GRPO:
+        """RLlib's ``from_checkpoint``, a relative folder taken from the current directory
+        (``Algorithm.from_checkpoint`` itself needs an absolute path or a URI)."""
+        return super().from_checkpoint(local_path(path) if filesystem is None else path, filesystem=filesystem,
+                                       **kwargs)
+
+    def save(self, checkpoint_dir: str | None = None):
+        """Tune's ``save``; a relative folder is taken from the current directory, as any path
+        (RLlib's storage layer reads a relative one as a URI without a scheme and fails)."""
+        return super().save(local_path(checkpoint_dir) if checkpoint_dir else checkpoint_dir)
+
     def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False) -> str:
         """RLlib's checkpoint (``Algorithm.from_checkpoint`` restores it, optimizer and
         iteration included) plus the trained policy in PEFT's format under ``adapter/``:
         ``PeftModel.from_pretrained(base_model, CHECKPOINT/adapter)`` opens it, and vLLM serves
         it as a LoRA module (``--enable-lora --lora-modules NAME=CHECKPOINT/adapter``)."""
+        if filesystem is None and path is not None:
+            path = local_path(path)
         path = super().save_to_path(path, state=state, filesystem=filesystem, use_msgpack=use_msgpack)
         if filesystem is None:
             self.export_adapter(Path(path) / ADAPTER_DIR)
@@ -425,6 +456,14 @@ class GRPO(Algorithm):
         if score:
             self.score(groups)
         return groups
+
+
+def local_path(path) -> str:
+    """A checkpoint location as RLlib's storage layer takes it: a URI (``s3://...``) as it is,
+    a local path made absolute here, in the driver (a learner resolves nothing against its own
+    working directory)."""
+    text = str(path)
+    return text if "://" in text else str(Path(text).expanduser().resolve())
 
 
 def _module_batch(arrays: dict) -> MultiAgentBatch:

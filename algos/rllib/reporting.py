@@ -184,42 +184,39 @@ def progress_line(m: dict[str, Any], total_iterations: int | None = None) -> str
             f"{times} iter={m.get('timers/training_iteration') or m.get('time_this_iter_s') or 0:.1f}s")
 
 
-def _print_line(line: str) -> None:
-    # The default echo, not ``print`` itself: Tune pickles this log with its callback, and a
+def print_line(line: str) -> None:
+    # The default echo, not ``print`` itself: Tune pickles the CLI's progress callback, and a
     # builtin pickles by name, which fails once Ray has replaced ``builtins.print`` in the
     # driver (ray.experimental.tqdm_ray does, when a progress bar reaches it).
     print(line, flush=True)
 
 
 class MetricsLog:
-    """Appends compact metrics to ``metrics.jsonl`` and redraws the plots."""
+    """Appends compact metrics to ``metrics.jsonl`` and redraws the plots. The algorithm
+    keeps one when it has an ``output_dir`` (``GRPO.train``), so a run from Python, through
+    Tune or ``draco-gym train`` writes the same file."""
 
-    def __init__(self, output_dir: str | Path, total_iterations: int | None = None, echo=_print_line) -> None:
+    def __init__(self, output_dir: str | Path) -> None:
         self.dir = Path(output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
-        self.total = total_iterations
-        self.echo = echo
         # A resumed run appends: its plots cover the earlier iterations too.
-        self.rows: list[dict] = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()] \
-            if self.path.exists() else []
+        self.rows: list[dict] = read_rows(self.path)
 
-    def add(self, result: dict[str, Any], *, copy_plots_to: str | Path | None = None) -> dict[str, Any]:
-        """Log one result; ``copy_plots_to`` (Tune's trial folder) gets the plots too, where
-        a tracker that uploads the trial folder (MLflow's artifacts) finds them."""
+    def add(self, result: dict[str, Any]) -> dict[str, Any]:
+        """Log one result; returns its row."""
         row = compact(result)
         self.rows.append(row)
         with open(self.path, "a") as fh:
             fh.write(json.dumps(row) + "\n")
-        if self.echo:
-            self.echo(progress_line(row, self.total))
-        written = plot_run(self.rows, self.dir / "plots")
-        if copy_plots_to is not None:
-            target = Path(copy_plots_to) / "plots"
-            target.mkdir(parents=True, exist_ok=True)
-            for path in written:
-                shutil.copy2(path, target / path.name)
+        plot_run(self.rows, self.dir / "plots")
         return row
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """The rows of a ``metrics.jsonl`` (none when it does not exist)."""
+    path = Path(path)
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def plot_run(rows: list[dict], out_dir: str | Path) -> list[Path]:

@@ -619,7 +619,7 @@
     var marks = s.marks.map(function (m) { return el('span', { class: 'mark truncated', title: m }, '✂ ' + m); });
     var card = el('article', { class: 'step' + (s.code === null ? ' closing' : ''), id: 'step-' + index },
       el('div', { class: 'step-head' }, el('span', { class: 'step-n' }, 'Step ' + index),
-        s.code === null ? el('span', { class: 'tag' }, 'no code: closing message, keeps A_i') : null, marks),
+        s.code === null ? el('span', { class: 'tag' }, 'no code: ' + (s.nocode || 'closing message') + ', keeps A_i') : null, marks),
       el('div', { class: 'step-body' },
         el('div', { class: 'step-main' },
           folded('message', s.text, 1500),

@@ -1,0 +1,136 @@
+"""Peak memory of a run's process tree, per process and in all, sampled while it runs.
+
+A training run is several processes: the command (driver), Ray's own (raylet, GCS), the
+GRPO trial (with the learner when ``num_learners: 0``) and the env runners, all descendants of
+the driver when it starts its own Ray. RSS counts a page shared by several processes (torch's
+libraries, Ray's object store) once per process, an upper bound; PSS splits each shared page
+among the processes sharing it, so the tree's PSS is the memory the run occupies (Linux;
+elsewhere RSS stands in for it).
+
+    with TreeMemory() as memory:           # a sampling thread, every half second
+        ...run...
+    print(memory.report())                 # peak PSS per process and of the tree
+
+``python bench/measure_run.py -- CMD`` does the same around any command.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+
+GIB = 2**30
+MIB = 2**20
+
+
+@dataclass
+class ProcessPeak:
+    """One process's peak, under the name it had then (Ray names its actors ``ray::Class``)."""
+
+    pid: int
+    name: str
+    pss: int = 0
+    rss: int = 0
+
+
+@dataclass
+class TreeSample:
+    """The tree at one moment: summed PSS and RSS, and each process's (pid, name, pss, rss)."""
+
+    pss: int
+    rss: int
+    processes: list[tuple[int, str, int, int]] = field(default_factory=list)
+
+
+def process_name(proc) -> str:
+    """A short, recognisable name: ``ray::GRPO.train``, ``raylet``, ``draco-gym train``."""
+    cmdline = proc.cmdline()
+    if not cmdline:
+        return proc.name()
+    head = os.path.basename(cmdline[0])
+    if head.startswith("ray::") or len(cmdline) == 1:
+        return head
+    if head.startswith("python"):
+        rest = [os.path.basename(a) for a in cmdline[1:3] if a]
+        return " ".join(rest)[:60]
+    return " ".join([head, *cmdline[1:2]])[:60]
+
+
+def sample_tree(root) -> TreeSample:
+    """PSS and RSS of ``root`` (a ``psutil.Process``) and every descendant."""
+    import psutil
+
+    out = TreeSample(0, 0)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            info = proc.memory_full_info()
+            name = process_name(proc)
+        except psutil.Error:  # gone, or not ours to read
+            continue
+        pss = getattr(info, "pss", info.rss)
+        out.pss += pss
+        out.rss += info.rss
+        out.processes.append((proc.pid, name, pss, info.rss))
+    return out
+
+
+class TreeMemory:
+    """Samples the process tree of ``pid`` (default: this process) in a thread until stopped;
+    keeps the tree's peak PSS and RSS and each process's own peaks."""
+
+    def __init__(self, pid: int | None = None, interval_s: float = 0.5) -> None:
+        import psutil
+
+        self.root = psutil.Process(pid or os.getpid())
+        self.interval_s = interval_s
+        self.peak_pss = 0
+        self.peak_rss = 0
+        self.processes: dict[int, ProcessPeak] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="tree-memory", daemon=True)
+
+    def __enter__(self) -> TreeMemory:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def sample(self) -> None:
+        tree = sample_tree(self.root)
+        self.peak_pss = max(self.peak_pss, tree.pss)
+        self.peak_rss = max(self.peak_rss, tree.rss)
+        for pid, name, pss, rss in tree.processes:
+            peak = self.processes.setdefault(pid, ProcessPeak(pid, name))
+            if pss > peak.pss:
+                peak.pss, peak.name = pss, name
+            peak.rss = max(peak.rss, rss)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval_s)
+
+    def summary(self) -> dict:
+        """The peaks as JSON: the tree's, and each process's by its peak PSS (bytes)."""
+        return {"peak_pss": self.peak_pss, "peak_rss": self.peak_rss,
+                "processes": [{"pid": p.pid, "name": p.name, "peak_pss": p.pss, "peak_rss": p.rss}
+                              for p in sorted(self.processes.values(), key=lambda p: p.pss, reverse=True)]}
+
+    def report(self, top: int = 8) -> str:
+        """The tree's peaks, then the processes by their own peak PSS (each process peaks at
+        its own moment, so these add up to more than the tree's peak)."""
+        lines = [f"memory: peak {self.peak_pss / GIB:.2f} GiB PSS for the whole process tree "
+                 f"({self.peak_rss / GIB:.2f} GiB summed RSS, an upper bound); per process, peak PSS:"]
+        for peak in sorted(self.processes.values(), key=lambda p: p.pss, reverse=True)[:top]:
+            lines.append(f"  {peak.pss / MIB:7.0f} MiB  {peak.name} (pid {peak.pid})")
+        return "\n".join(lines)
+
