@@ -69,6 +69,9 @@ def commands() -> list[list[str]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(5400)
+@pytest.mark.skipif(os.environ.get("DRACO_GYM_OWN_ENV_E2E") != "1",
+                    reason="the section's commands in order (warm start, GRPO, before/after, eval) take over an hour "
+                           "on 2 shared cores; DRACO_GYM_OWN_ENV_E2E=1 runs them (not in CI)")
 def test_the_section_commands_run_as_written_and_grpo_raises_held_out_success(tmp_path):
     folder = user_folder(tmp_path)
     cli = Path(sys.executable).parent / "draco-gym"
