@@ -21,6 +21,8 @@ The knobs, their defaults and bounds are declared once, in ``algos/config.py``.
 from __future__ import annotations
 
 import inspect
+import shutil
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,7 +38,9 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, LEARNER_RESULTS, NUM_ENV_STEPS_SAMPLED,
                                      NUM_ENV_STEPS_SAMPLED_LIFETIME, NUM_EPISODES, NUM_EPISODES_LIFETIME,
                                      WEIGHTS_SEQ_NO)
+from ray.tune.result import TRAINING_ITERATION
 
+from draco_gym.algos.checkpoints import install, require_complete, resume_point, seal, staging_dir
 from draco_gym.algos.policy.batch import shard_rows, token_batch
 from draco_gym.algos.config import KNOBS, ConfigError, RunConfig, check_knobs, knob_defaults, knob_values
 from draco_gym.algos.credit import CREDIT_RULES, get_credit_rule
@@ -178,10 +182,14 @@ class GRPO(Algorithm):
         super().setup(config)
         self.rollout_log = RolloutLog(Path(config.output_dir) / "rollouts.jsonl") if config.output_dir else None
         self._task_ids = self.config.env_source()[1]
+        self._tune_checkpoint: Path | None = None
         if self.config.restore_from:
             # Inside Tune too: the trial starts from the checkpoint's adapter, optimizer state
             # and iteration count, so the task draws and seeds continue where they left off.
-            self.restore_from_path(str(Path(self.config.restore_from).resolve()))
+            # A folder of checkpoints means its newest complete one.
+            choice = resume_point(Path(self.config.restore_from).resolve())
+            print(f"restoring {choice.describe()}", flush=True)
+            self.restore_from_path(str(choice.checkpoint.path))
 
     # -- one iteration -------------------------------------------------------------------------
 
@@ -306,11 +314,16 @@ class GRPO(Algorithm):
                                            timeout_seconds=self.config.sync_timeout_s)
 
     def restore_from_path(self, path, *args, **kwargs) -> None:
-        """RLlib's restore, then the restored adapter pushed to every env runner, waiting for
-        each. RLlib's own push after a restore does not wait, and is dropped while an earlier
-        push to that runner is still in flight (one request per runner at a time), and a
-        runner keeps weights newer than the ones it is sent: either way the first iteration
-        after a restore would sample with the wrong policy."""
+        """RLlib's restore of a complete checkpoint (an incomplete one raises
+        ``CheckpointError`` naming what it lacks, before anything is read), then the restored
+        adapter pushed to every env runner, waiting for each. RLlib's own push after a restore
+        does not wait, and is dropped while an earlier push to that runner is still in flight
+        (one request per runner at a time), and a runner keeps weights newer than the ones it
+        is sent: either way the first iteration after a restore would sample with the wrong
+        policy."""
+        if not args and kwargs.get("component") is None and kwargs.get("filesystem") is None \
+                and "://" not in str(path):
+            require_complete(path)
         super().restore_from_path(path, *args, **kwargs)
         state = self.learner_group.get_state(components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}",
                                              inference_only=True)[COMPONENT_LEARNER]
@@ -336,11 +349,46 @@ class GRPO(Algorithm):
         """RLlib's checkpoint (``Algorithm.from_checkpoint`` restores it, optimizer and
         iteration included) plus the trained policy in PEFT's format under ``adapter/``:
         ``PeftModel.from_pretrained(base_model, CHECKPOINT/adapter)`` opens it, and vLLM serves
-        it as a LoRA module (``--enable-lora --lora-modules NAME=CHECKPOINT/adapter``)."""
-        path = super().save_to_path(path, state=state, filesystem=filesystem, use_msgpack=use_msgpack)
-        if filesystem is None:
-            self.export_adapter(Path(path) / ADAPTER_DIR)
-        return path
+        it as a LoRA module (``--enable-lora --lora-modules NAME=CHECKPOINT/adapter``).
+
+        On a local path it is written into a hidden sibling, sealed (``checkpoints.seal``:
+        the file list written last) and renamed onto ``path``: a kill leaves the previous
+        checkpoint at ``path`` or the new one, complete. Remote storage (``filesystem``, a
+        URI) gets RLlib's own write, without the seal."""
+        if filesystem is not None or "://" in str(path or ""):
+            return super().save_to_path(path, state=state, filesystem=filesystem, use_msgpack=use_msgpack)
+        final = Path(path if path is not None else tempfile.mkdtemp()).resolve()
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staging = staging_dir(final)
+        try:
+            super().save_to_path(str(staging), state=state, use_msgpack=use_msgpack)
+            self.export_adapter(staging / ADAPTER_DIR)
+            seal(staging, iteration=(state or {}).get(TRAINING_ITERATION, self.iteration))
+            install(staging, final)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return str(final)
+
+    def save_checkpoint(self, checkpoint_dir: str) -> None:
+        """Tune's checkpoints. Tune has a class trainable write into a temporary folder, then
+        copies that folder to the trial's ``checkpoint_<index>`` (pyarrow's threaded copy: a
+        kill mid-copy leaves that folder with some of the files). On local storage the
+        checkpoint is written straight to where Tune puts it instead, staged and renamed
+        (``save_to_path``); the temporary folder stays empty and Tune's copy adds nothing."""
+        self._tune_checkpoint = _tune_checkpoint_dir(getattr(self, "_storage", None))
+        self.save_to_path(str(self._tune_checkpoint or checkpoint_dir),
+                          use_msgpack=self.config._use_msgpack_checkpoints)
+
+    def save(self, checkpoint_dir=None):
+        """Tune's save; checks that Tune registered the checkpoint where it was written."""
+        result = super().save(checkpoint_dir)
+        written, self._tune_checkpoint = self._tune_checkpoint, None
+        registered = getattr(getattr(result, "checkpoint", None), "path", None)
+        if written is not None and registered is not None and Path(registered).resolve() != written.resolve():
+            raise RuntimeError(f"Tune registered checkpoint {registered}, but it was written to {written}: "
+                               "this Ray version names its checkpoint folders differently")
+        return result
 
     def export_adapter(self, path: str | Path) -> str:
         """The learner's LoRA adapter, written by the learner (one writer among several)."""
@@ -368,6 +416,19 @@ class GRPO(Algorithm):
         if score:
             self.score(groups)
         return groups
+
+
+def _tune_checkpoint_dir(storage) -> Path | None:
+    """The folder Tune is about to persist this trial's next checkpoint to, when its storage is
+    a local filesystem (None otherwise, or outside Tune)."""
+    if storage is None:
+        return None
+    import pyarrow.fs
+    from ray.train._internal.storage import StorageContext
+
+    if not isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem):
+        return None
+    return Path(storage.trial_fs_path) / StorageContext._make_checkpoint_dir_name(storage.current_checkpoint_index + 1)
 
 
 def _module_batch(arrays: dict) -> MultiAgentBatch:
