@@ -37,8 +37,9 @@ RUN_FILES = ("metrics.jsonl", "rollouts.jsonl", "checkpoint", "tune", "plots", "
              "report.html", "mlflow.db", "mlflow-artifacts", SET_ASIDE)
 # The files whose presence means the folder holds a run.
 _RUN_MARKS = ("metrics.jsonl", "rollouts.jsonl", "checkpoint", "tune")
-# Tune's TensorBoard logger writes each result's training_iteration under this tag (and
-# RLlib's timers/training_iteration, seconds, under another one that ends the same way).
+# Tune's TensorBoard logger records a result at step ``training_iteration`` (Ray 2.60 does
+# not log that key itself; a version that does logs it under this tag, and RLlib's
+# timers/training_iteration, seconds, under another one that ends the same way).
 _TUNE_ITERATION_TAG = "ray/tune/training_iteration"
 _ROLLOUT_ITERATION = re.compile(rb'\{"iteration": (-?\d+)[,}]')
 

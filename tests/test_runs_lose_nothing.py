@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -161,8 +162,7 @@ def events_file(trial: Path, iterations: range) -> Path:
     from tensorboardX import SummaryWriter
 
     writer = SummaryWriter(str(trial))
-    for it in iterations:  # as Tune's TBX logger does: step = training_iteration
-        writer.add_scalar("ray/tune/training_iteration", it, global_step=it)
+    for it in iterations:  # as Tune's TBX logger does: step = training_iteration, not itself logged
         writer.add_scalar("ray/tune/timers/training_iteration", 5.2, global_step=it)  # RLlib's seconds
         writer.add_scalar("ray/tune/env_runners/episode_return_mean", it / 10, global_step=it)
     writer.close()
@@ -173,8 +173,16 @@ def events_file(trial: Path, iterations: range) -> Path:
 def event_steps(path: Path) -> list[int]:
     from draco_gym.algos.run_folder import _event_records
 
+    from tensorboardX.proto import event_pb2
+
     records, _ = _event_records(path)
-    return sorted({step for _, step, logged in records if logged is not None})
+    data = path.read_bytes()
+    steps = set()
+    for pos, step, _ in records:  # the records that log scalars (not the file's version record)
+        (length,) = struct.unpack("<Q", data[pos:pos + 8])
+        if event_pb2.Event.FromString(data[pos + 12:pos + 12 + length]).summary.value:
+            steps.add(step)
+    return sorted(steps)
 
 
 def test_resume_cuts_every_log_at_the_checkpoint_and_keeps_the_rest_aside(tmp_path):
@@ -493,7 +501,9 @@ def test_sigkill_mid_checkpoint_and_between_iterations_then_resume(tiny_model, t
     # Tune's own files in the trial folders (TensorBoard's events, result.json) reach storage
     # when Tune syncs them: a kill can cost the rows since its last sync, but no step is there
     # twice, and the last attempt holds its own iterations.
-    finished = max((out / "tune").glob("GRPO_*"), key=lambda p: p.stat().st_mtime)
+    # The last attempt's trial: the one whose result.json reached iteration 4.
+    (finished,) = [t for t in (out / "tune").glob("GRPO_*")
+                   if 4 in {r["training_iteration"] for r in read_records(t / "result.json")[0]}]
     steps: list[int] = []
     for events in (out / "tune").glob("*/events.out.tfevents.*"):
         steps += event_steps(events)
@@ -503,7 +513,8 @@ def test_sigkill_mid_checkpoint_and_between_iterations_then_resume(tiny_model, t
             assert min(event_steps(events), default=k + 1) > k, (events, event_steps(events))
         for result in aside.rglob("result.json"):
             assert min(r["training_iteration"] for r in read_records(result)[0]) > k
-    assert event_steps(next(finished.glob("events.out.tfevents.*"))) == [3, 4]
+    assert [event_steps(e) for e in finished.glob("events.out.tfevents.*")] == [[3, 4]], \
+        {str(e.relative_to(out)): event_steps(e) for e in out.rglob("events.out.tfevents.*")}
     tune_rows = [r["training_iteration"] for path in (out / "tune").glob("*/result.json")
                  for r in read_records(path)[0]]
     assert len(tune_rows) == len(set(tune_rows)) and {3, 4} <= set(tune_rows) <= {1, 2, 3, 4}, tune_rows
