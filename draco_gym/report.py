@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from draco_gym.metrics import finite_number, group_advantages
+from draco_gym.records import RecordError, RecordReader
 from draco_gym.text import truncate_middle
 
 # What the judge reads of a step by default (draco_gym.reward.render.render_trajectory's
@@ -106,19 +107,29 @@ def find_metric(keys: list[str], names: tuple[str, ...]) -> str | None:
     return None
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ReportError(f"{path} line {number} is not JSON ({exc.msg})") from None
-        if not isinstance(row, dict):
-            raise ReportError(f"{path} line {number} is not a JSON object")
-        rows.append(_flatten(row))
+def read_metrics(path: Path, notes: list[str] | None = None) -> list[dict[str, Any]]:
+    """The rows of ``metrics.jsonl``, flattened. A torn last line (a write cut short) is
+    skipped and said in ``notes``, and so is an iteration that appears twice."""
+    reader = RecordReader(path)
+    try:
+        rows = [_flatten(row) for _, row in reader]
+    except RecordError as exc:
+        raise ReportError(str(exc)) from None
+    if notes is not None:
+        if reader.torn:
+            notes.append(f"{path.name}: its last line is torn (a write cut short, e.g. by a kill) and was skipped")
+        key = find_metric(sorted({k for r in rows for k in r}), METRIC_NAMES["iteration"])
+        seen = Counter(r.get(key) for r in rows if key and finite_number(r.get(key)) is not None)
+        repeated = sorted(it for it, n in seen.items() if n > 1)
+        if repeated:
+            notes.append(f"{path.name} repeats iteration(s) {_shown(repeated)}: a run resumed without cutting its "
+                         "log (draco-gym train --resume moves what came after the checkpoint to set-aside/); the "
+                         "charts show each row")
     return rows
+
+
+def _shown(values: list) -> str:
+    return ", ".join(str(int(v)) for v in values[:10]) + (f" (and {len(values) - 10} more)" if len(values) > 10 else "")
 
 
 def env_success(metrics: dict[str, Any]) -> bool | None:
@@ -169,21 +180,19 @@ def _criteria_entries(raw) -> list[dict]:
     return out
 
 
-def read_groups(path: Path):
+def read_groups(path: Path, notes: list[str] | None = None):
     """Yield the groups of ``rollouts.jsonl`` in file order. A group is a run of lines with
     the same iteration and task whose rollout index keeps rising (a task drawn twice in one
-    iteration makes two groups)."""
+    iteration makes two groups). A torn last line is skipped, and said in ``notes``, and so
+    is an iteration that comes back after a later one."""
     current: _Group | None = None
     last_index = -1
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(_TOKEN_ARRAYS.sub("", line))
-            except json.JSONDecodeError as exc:
-                raise ReportError(f"{path} line {number} is not JSON ({exc.msg})") from None
-            if not isinstance(record, dict) or not isinstance(record.get("trajectory"), dict):
+    reader = RecordReader(path, prepare=lambda line: _TOKEN_ARRAYS.sub("", line))
+    passed: set[int] = set()
+    returned: set[int] = set()
+    try:
+        for number, record in reader:
+            if not isinstance(record.get("trajectory"), dict):
                 raise ReportError(f"{path} line {number} has no 'trajectory' object: not a draco-gym rollout record")
             traj = record["trajectory"]
             task_id = str(record.get("task_id") or (traj.get("task") or {}).get("id") or "?")
@@ -192,11 +201,23 @@ def read_groups(path: Path):
             if current is None or (iteration, task_id) != (current.iteration, current.task_id) or index <= last_index:
                 if current is not None:
                     yield current
+                    if iteration != current.iteration:
+                        passed.add(current.iteration)
+                if iteration in passed:
+                    returned.add(iteration)
                 current = _Group(iteration, task_id)
             current.rows.append((number, record))
             last_index = index
+    except RecordError as exc:
+        raise ReportError(str(exc)) from None
     if current is not None:
         yield current
+    if notes is not None:
+        if reader.torn:
+            notes.append(f"{path.name}: its last line is torn (a write cut short, e.g. by a kill) and was skipped")
+        if returned:
+            notes.append(f"{path.name} repeats iteration(s) {_shown(sorted(returned))} (they come back after a later "
+                         "one): a run resumed without cutting its log")
 
 
 def _verdicts(record: dict) -> list[dict]:
@@ -347,7 +368,9 @@ def _read_summary(run: Path) -> dict | None:
         if not path.is_file():
             continue
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise ReportError(f"{path} is not UTF-8 text: the file is damaged") from None
         except json.JSONDecodeError as exc:
             raise ReportError(f"{path} is not JSON ({exc.msg})") from None
         if not isinstance(data, dict):
@@ -387,8 +410,11 @@ def _series(rows: list[dict]) -> tuple[list[float], dict[str, list[float | None]
 
 
 def build_report(run_dir: str | Path, out: str | Path | None = None, *, limits: Limits | None = None,
-                 title: str | None = None) -> Path:
-    """Write the HTML report of ``run_dir``; returns its path (default RUN_DIR/report.html)."""
+                 title: str | None = None, notes: list[str] | None = None) -> Path:
+    """Write the HTML report of ``run_dir``; returns its path (default RUN_DIR/report.html).
+    What the page warns about (a torn last line skipped, an iteration logged twice) is also
+    appended to ``notes``. Damaged input raises ``ReportError`` naming the file and line."""
+    notes = notes if notes is not None else []
     run = Path(run_dir)
     if not run.is_dir():
         raise ReportError(f"{run}: no such run directory")
@@ -400,15 +426,19 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, limits: 
     target = Path(out) if out else run / "report.html"
     target.parent.mkdir(parents=True, exist_ok=True)
 
-    rows = read_metrics(metrics_path) if metrics_path.is_file() else []
+    rows = read_metrics(metrics_path, notes) if metrics_path.is_file() else []
     xs, series = _series(rows)
     names = {what: find_metric(list(series), alts) for what, alts in METRIC_NAMES.items() if what != "iteration"}
 
     groups, chunks = [], []
     per_iteration: dict[int, dict] = {}
     if rollouts_path.is_file():
-        for gid, group in enumerate(read_groups(rollouts_path)):
-            summary, detail, derived = summarise_group(group, gid, rollouts_path.name, limits)
+        for gid, group in enumerate(read_groups(rollouts_path, notes)):
+            try:
+                summary, detail, derived = summarise_group(group, gid, rollouts_path.name, limits)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise ReportError(f"{rollouts_path} line {group.rows[0][0]}: not a draco-gym rollout record "
+                                  f"({type(exc).__name__}: {exc})") from None
             groups.append(summary)
             chunks.append(_pack(detail))
             agg = per_iteration.setdefault(group.iteration, {"R": [], "ok": [], "p": 0, "f": 0, "before": [], "after": [],
@@ -432,6 +462,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, limits: 
     for g in groups:
         g["it"] += shift
     derived_series = _derived_series({k + shift: v for k, v in per_iteration.items()})
+    notes.extend(_more_rollouts_than_episodes(rows, {k + shift: len(v["R"]) for k, v in per_iteration.items()}))
 
     index = {
         "title": title or run.resolve().name,
@@ -445,11 +476,27 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, limits: 
         "derived": derived_series,
         "eval": _read_summary(run),
         "groups": groups,
+        "warnings": notes,
         "limits": {"observation": limits.observation, "message": limits.message, "code": limits.code},
     }
     html = render_html(index, chunks)
     target.write_text(html, encoding="utf-8")
     return target
+
+
+def _more_rollouts_than_episodes(rows: list[dict], rollouts: dict[int, int]) -> list[str]:
+    """An iteration with more rollouts than the episodes its metrics row counts was written
+    twice (a resumed run that appended to the log instead of cutting it)."""
+    keys = sorted({k for r in rows for k in r})
+    it_key, n_key = find_metric(keys, METRIC_NAMES["iteration"]), find_metric(keys, ("num_episodes",))
+    if not it_key or not n_key:
+        return []
+    episodes = {int(r[it_key]): finite_number(r.get(n_key)) for r in rows if finite_number(r.get(it_key)) is not None}
+    over = sorted(it for it, n in rollouts.items() if episodes.get(it) is not None and n > episodes[it])
+    if not over:
+        return []
+    return [f"rollouts.jsonl holds more rollouts of iteration(s) {_shown(over)} than metrics.jsonl counts episodes: "
+            "an iteration written twice (a run resumed without cutting its log)"]
 
 
 def _derived_series(per_iteration: dict[int, dict]) -> dict:
@@ -522,11 +569,17 @@ def run(args: argparse.Namespace) -> int:
                     code=args.max_message_chars, judge_message=args.judge_message_chars,
                     judge_observation=args.judge_observation_chars)
     started = time.perf_counter()
+    notes: list[str] = []
     try:
-        path = build_report(args.run_dir, args.output, limits=limits, title=args.title)
+        path = build_report(args.run_dir, args.output, limits=limits, title=args.title, notes=notes)
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # unreadable input or unwritable output: named, not a traceback
+        print(f"error: {exc.filename or args.run_dir}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    for note in notes:
+        print(f"warning: {note}", file=sys.stderr)
     size = path.stat().st_size / 2**20
     print(f"report: {path} ({size:.1f} MiB, {time.perf_counter() - started:.1f} s); open it in a browser")
     return 0

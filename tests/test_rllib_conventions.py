@@ -132,10 +132,19 @@ def test_train_stops_on_return_and_feeds_wandb_and_mlflow(tiny_model, tmp_path, 
     from draco_gym.cli import main
 
     ray.shutdown()  # the command starts its own Ray (a module-scoped session may still be up)
+    # Canary keys in every variable a run reads one from: W&B's (named by api_key_env, then
+    # exported as WANDB_API_KEY), MLflow's token (tracking_token_env) and a judge's.
     secret = "draco-test-secret-7f3a9c"
     monkeypatch.setenv("DRACO_TEST_WANDB_KEY", secret)
+    monkeypatch.setenv("DRACO_TEST_MLFLOW_TOKEN", secret + "-mlflow")
+    monkeypatch.setenv("OPENAI_API_KEY", secret + "-judge")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)  # restored after the test
+    monkeypatch.delenv("MLFLOW_TRACKING_TOKEN", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
+    import tempfile
+
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rc", dir="/tmp"))  # short: Ray's socket paths have a length limit
+    monkeypatch.setenv("RAY_TMPDIR", str(ray_tmp))  # this run's Ray session folder, logs included
     out = tmp_path / "run"
     config = {
         "name": "trackers",
@@ -149,7 +158,7 @@ def test_train_stops_on_return_and_feeds_wandb_and_mlflow(tiny_model, tmp_path, 
         "optim": {"minibatch_size": None},
         "resources": {"ray_num_cpus": 2, "object_store_memory_mb": 80},
         "logging": {"wandb": {"project": "draco-test", "mode": "offline", "api_key_env": "DRACO_TEST_WANDB_KEY"},
-                    "mlflow": {}},
+                    "mlflow": {"tracking_token_env": "DRACO_TEST_MLFLOW_TOKEN"}},
     }
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -181,9 +190,13 @@ def test_train_stops_on_return_and_feeds_wandb_and_mlflow(tiny_model, tmp_path, 
     artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
     assert (artifacts / "plots" / "rubric_pass_rate.png").stat().st_size > 1000
 
-    # The key named by its variable reached no file of the run (config, pickles, trackers).
-    leaks = [p for p in out.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
-    assert not leaks, f"the API key was written to {leaks}"
+    # No key reached a file: the run's (config, Tune's pickles, checkpoints, trackers' folders)
+    # or Ray's session folder (its logs: the runtime-env agent logs every runtime_env it sets up).
+    sessions = list((ray_tmp / "ray").glob("session_2*"))
+    assert sessions and list(sessions[0].glob("logs/runtime_env_agent.log")), "not the run's Ray session folder"
+    files = [p for root in (out, ray_tmp) for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
+    leaks = [p for p in files if secret.encode() in p.read_bytes()]
+    assert not leaks, f"an API key was written to {leaks}"
 
 
 def wandb_records(path: Path) -> tuple[list[dict], dict]:

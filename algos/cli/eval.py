@@ -47,22 +47,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def last_checkpoints(output_dir: str | Path, n: int) -> list[Path]:
-    """The run's last ``n`` checkpoints, oldest first, as Tune keeps them
-    (``OUTPUT_DIR/tune/<trial>/checkpoint_<i>``; ``checkpoint.keep`` must be >= n)."""
+    """The run's last ``n`` complete checkpoints by iteration, oldest first, as Tune keeps them
+    (``OUTPUT_DIR/tune/<trial>/checkpoint_<i>``; ``checkpoint.keep`` must be >= n); an
+    incomplete one (a save cut short) is passed over with a note."""
+    from draco_gym.algos.checkpoints import CheckpointError, checkpoint_dirs, require_complete
+
     root = Path(output_dir) / "tune"
-    found = [p for p in root.glob("*/checkpoint_*") if p.is_dir()]
-    if not found:
-        raise ValueError(f"no checkpoints under {root}: train the run first, or give --checkpoint PATH")
-    found.sort(key=lambda p: (p.stat().st_mtime, p.parent.name, p.name))
-    if len(found) < n:
-        print(f"note: eval.last_checkpoints is {n} but {root} keeps {len(found)}; averaging over those "
+    complete = []
+    for path in checkpoint_dirs(root):
+        try:
+            complete.append(require_complete(path))
+        except CheckpointError as exc:
+            if not path.name.startswith("."):
+                print(f"note: {exc}; passed over", file=sys.stderr)
+    if not complete:
+        raise ValueError(f"no complete checkpoints under {root}: train the run first, or give --checkpoint PATH")
+    complete.sort(key=lambda c: (c.iteration, c.path.parent.name, c.path.name))
+    if len(complete) < n:
+        print(f"note: eval.last_checkpoints is {n} but {root} keeps {len(complete)}; averaging over those "
               "(keep more with checkpoint.keep)", file=sys.stderr)
-    return found[-n:]
+    return [c.path for c in complete[-n:]]
 
 
 def resolve_checkpoints(given: list[str], output_dir: str | Path, last: int) -> list[str]:
     """``--checkpoint`` values as paths (or ``base``), ``last`` expanded, duplicates once, the
-    base model first (it is evaluated before any adapter is restored)."""
+    base model first (it is evaluated before any adapter is restored). A path must be a
+    complete checkpoint (``CheckpointError``, a ``ValueError``, names what it lacks)."""
+    from draco_gym.algos.checkpoints import require_complete
+
     out: list[str] = []
     for item in given:
         if item == BASE:
@@ -73,7 +85,7 @@ def resolve_checkpoints(given: list[str], output_dir: str | Path, last: int) -> 
             path = Path(item)
             if not path.is_dir():
                 raise ValueError(f"--checkpoint {item}: no such directory")
-            paths = [str(path.resolve())]
+            paths = [str(require_complete(path).path.resolve())]
         out += [p for p in paths if p not in out]
     return sorted(out, key=lambda p: p != BASE)
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import inspect
 import logging
+import shutil
+import tempfile
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -38,7 +40,9 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, LEARNER_RESULTS, NUM_ENV_STEPS_SAMPLED,
                                      NUM_ENV_STEPS_SAMPLED_LIFETIME, NUM_EPISODES, NUM_EPISODES_LIFETIME,
                                      WEIGHTS_SEQ_NO)
+from ray.tune.result import TRAINING_ITERATION
 
+from draco_gym.algos.checkpoints import install, require_complete, resume_point, seal, staging_dir
 from draco_gym.algos.policy.batch import shard_rows, token_batch
 from draco_gym.algos.config import KNOBS, ConfigError, RunConfig, check_knobs, knob_defaults, knob_values
 from draco_gym.algos.credit import CREDIT_RULES, get_credit_rule
@@ -197,10 +201,14 @@ class GRPO(Algorithm):
         self._judged = deque(maxlen=self.config.dead_judge_groups)  # the last groups' scores, in scoring order
         self._reward_and_outcome: list[tuple[float, float | None]] = []  # per iteration
         self._divergence_warned = False
+        self._tune_checkpoint: Path | None = None
         if self.config.restore_from:
             # Inside Tune too: the trial starts from the checkpoint's adapter, optimizer state
             # and iteration count, so the task draws and seeds continue where they left off.
-            self.restore_from_path(str(Path(self.config.restore_from).resolve()))
+            # A folder of checkpoints means its newest complete one.
+            choice = resume_point(Path(self.config.restore_from).resolve())
+            print(f"restoring {choice.describe()}", flush=True)
+            self.restore_from_path(str(choice.checkpoint.path))
 
     # -- one iteration -------------------------------------------------------------------------
 
@@ -375,14 +383,18 @@ class GRPO(Algorithm):
                                            timeout_seconds=self.config.sync_timeout_s)
 
     def restore_from_path(self, path, *args, **kwargs) -> None:
-        """RLlib's restore, then the restored adapter pushed to every env runner, waiting for
-        each. RLlib's own push after a restore does not wait, and is dropped while an earlier
-        push to that runner is still in flight (one request per runner at a time), and a
-        runner keeps weights newer than the ones it is sent: either way the first iteration
-        after a restore would sample with the wrong policy. An adapter trained on another base
-        model than this algorithm's is refused (``models.check_adapter_base``), naming both."""
-        if kwargs.get("filesystem") is None:
+        """RLlib's restore of a complete checkpoint (an incomplete one raises
+        ``CheckpointError`` naming what it lacks, before anything is read), then the restored
+        adapter pushed to every env runner, waiting for each. RLlib's own push after a restore
+        does not wait, and is dropped while an earlier push to that runner is still in flight
+        (one request per runner at a time), and a runner keeps weights newer than the ones it
+        is sent: either way the first iteration after a restore would sample with the wrong
+        policy. An adapter trained on another base model than this algorithm's is refused
+        (``models.check_adapter_base``), naming both."""
+        if kwargs.get("filesystem") is None and "://" not in str(path):
             path = local_path(path)
+            if not args and kwargs.get("component") is None:
+                require_complete(path)
             check_adapter_base(Path(path) / ADAPTER_DIR, self.config.model_path,
                                fix=f"build the algorithm with .policy(model={str(adapter_base(Path(path) / ADAPTER_DIR))!r})")
         super().restore_from_path(path, *args, **kwargs)
@@ -413,22 +425,52 @@ class GRPO(Algorithm):
         return super().from_checkpoint(local_path(path) if filesystem is None else path, filesystem=filesystem,
                                        **kwargs)
 
-    def save(self, checkpoint_dir: str | None = None):
-        """Tune's ``save``; a relative folder is taken from the current directory, as any path
-        (RLlib's storage layer reads a relative one as a URI without a scheme and fails)."""
-        return super().save(local_path(checkpoint_dir) if checkpoint_dir else checkpoint_dir)
-
     def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False) -> str:
         """RLlib's checkpoint (``Algorithm.from_checkpoint`` restores it, optimizer and
         iteration included) plus the trained policy in PEFT's format under ``adapter/``:
         ``PeftModel.from_pretrained(base_model, CHECKPOINT/adapter)`` opens it, and vLLM serves
-        it as a LoRA module (``--enable-lora --lora-modules NAME=CHECKPOINT/adapter``)."""
-        if filesystem is None and path is not None:
-            path = local_path(path)
-        path = super().save_to_path(path, state=state, filesystem=filesystem, use_msgpack=use_msgpack)
-        if filesystem is None:
-            self.export_adapter(Path(path) / ADAPTER_DIR)
-        return path
+        it as a LoRA module (``--enable-lora --lora-modules NAME=CHECKPOINT/adapter``).
+
+        On a local path it is written into a hidden sibling, sealed (``checkpoints.seal``:
+        the file list written last) and renamed onto ``path``: a kill leaves the previous
+        checkpoint at ``path`` or the new one, complete. Remote storage (``filesystem``, a
+        URI) gets RLlib's own write, without the seal."""
+        if filesystem is not None or "://" in str(path or ""):
+            return super().save_to_path(path, state=state, filesystem=filesystem, use_msgpack=use_msgpack)
+        final = Path(local_path(path) if path is not None else tempfile.mkdtemp())
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staging = staging_dir(final)
+        try:
+            super().save_to_path(str(staging), state=state, use_msgpack=use_msgpack)
+            self.export_adapter(staging / ADAPTER_DIR)
+            seal(staging, iteration=(state or {}).get(TRAINING_ITERATION, self.iteration))
+            install(staging, final)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return str(final)
+
+    def save_checkpoint(self, checkpoint_dir: str) -> None:
+        """Tune's checkpoints. Tune has a class trainable write into a temporary folder, then
+        copies that folder to the trial's ``checkpoint_<index>`` (pyarrow's threaded copy: a
+        kill mid-copy leaves that folder with some of the files). On local storage the
+        checkpoint is written straight to where Tune puts it instead, staged and renamed
+        (``save_to_path``); the temporary folder stays empty and Tune's copy adds nothing."""
+        self._tune_checkpoint = _tune_checkpoint_dir(getattr(self, "_storage", None))
+        self.save_to_path(str(self._tune_checkpoint or checkpoint_dir),
+                          use_msgpack=self.config._use_msgpack_checkpoints)
+
+    def save(self, checkpoint_dir: str | None = None):
+        """Tune's ``save``: a relative folder is taken from the current directory, as any path
+        (RLlib's storage layer reads a relative one as a URI without a scheme and fails); then
+        a check that Tune registered the checkpoint where it was written."""
+        result = super().save(local_path(checkpoint_dir) if checkpoint_dir else checkpoint_dir)
+        written, self._tune_checkpoint = self._tune_checkpoint, None
+        registered = getattr(getattr(result, "checkpoint", None), "path", None)
+        if written is not None and registered is not None and Path(registered).resolve() != written.resolve():
+            raise RuntimeError(f"Tune registered checkpoint {registered}, but it was written to {written}: "
+                               "this Ray version names its checkpoint folders differently")
+        return result
 
     def export_adapter(self, path: str | Path) -> str:
         """The learner's LoRA adapter, written by the learner (one writer among several)."""
@@ -464,6 +506,19 @@ def local_path(path) -> str:
     working directory)."""
     text = str(path)
     return text if "://" in text else str(Path(text).expanduser().resolve())
+
+
+def _tune_checkpoint_dir(storage) -> Path | None:
+    """The folder Tune is about to persist this trial's next checkpoint to, when its storage is
+    a local filesystem (None otherwise, or outside Tune)."""
+    if storage is None:
+        return None
+    import pyarrow.fs
+    from ray.train._internal.storage import StorageContext
+
+    if not isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem):
+        return None
+    return Path(storage.trial_fs_path) / StorageContext._make_checkpoint_dir_name(storage.current_checkpoint_index + 1)
 
 
 def _module_batch(arrays: dict) -> MultiAgentBatch:

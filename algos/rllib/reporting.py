@@ -10,10 +10,8 @@ from Tune's own logger, in the trial directory.
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import shutil
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +21,7 @@ import numpy as np
 
 from draco_gym.algos.config import RESULT_GROUPS, RESULT_TOP_KEYS, LoggingSection
 from draco_gym.metrics import outcome_agreement
+from draco_gym.records import append_records, read_records
 
 # The phases of one iteration, in order; each reports seconds as ``timers/phases/<phase>``.
 PHASES = ("generation", "env", "judge", "credit", "learner", "sync")
@@ -116,21 +115,21 @@ class RolloutLog:
 
     def write(self, groups: Sequence[dict], *, iteration: int | None = None,
               step_advantages: Sequence[Sequence[float]] | None = None) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         credit = iter(step_advantages) if step_advantages is not None else None
-        with open(self.path, "a") as fh:
-            for group in groups:
-                score = group.get("score")
-                for i, traj in enumerate(group["trajectories"]):
-                    line: dict[str, Any] = {} if iteration is None else {"iteration": iteration}
-                    line.update(task_id=group["task_id"], index=i, trajectory=traj.model_dump(mode="json"),
-                                score=score.scores[i].model_dump(mode="json") if score else None)
-                    if score:
-                        line.update(criteria=[c.model_dump(mode="json") for c in score.criteria], dropped=score.dropped,
-                                    fallbacks=score.fallbacks)
-                    if credit is not None:
-                        line["step_advantages"] = next(credit)
-                    fh.write(json.dumps(line) + "\n")
+        lines = []
+        for group in groups:
+            score = group.get("score")
+            for i, traj in enumerate(group["trajectories"]):
+                line: dict[str, Any] = {} if iteration is None else {"iteration": iteration}
+                line.update(task_id=group["task_id"], index=i, trajectory=traj.model_dump(mode="json"),
+                            score=score.scores[i].model_dump(mode="json") if score else None)
+                if score:
+                    line.update(criteria=[c.model_dump(mode="json") for c in score.criteria], dropped=score.dropped,
+                                fallbacks=score.fallbacks)
+                if credit is not None:
+                    line["step_advantages"] = next(credit)
+                lines.append(line)
+        append_records(self.path, lines)  # each line whole, in one write; synced
 
 def compact(result: dict[str, Any]) -> dict[str, Any]:
     """The run's metrics out of an RLlib result, flat (``env_runners/episode_return_mean``,
@@ -201,22 +200,15 @@ class MetricsLog:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
         # A resumed run appends: its plots cover the earlier iterations too.
-        self.rows: list[dict] = read_rows(self.path)
+        self.rows: list[dict] = read_records(self.path)[0] if self.path.exists() else []
 
     def add(self, result: dict[str, Any]) -> dict[str, Any]:
         """Log one result; returns its row."""
         row = compact(result)
         self.rows.append(row)
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(row) + "\n")
+        append_records(self.path, [row])
         plot_run(self.rows, self.dir / "plots")
         return row
-
-
-def read_rows(path: str | Path) -> list[dict]:
-    """The rows of a ``metrics.jsonl`` (none when it does not exist)."""
-    path = Path(path)
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def plot_run(rows: list[dict], out_dir: str | Path) -> list[Path]:
@@ -307,7 +299,23 @@ def _wandb_callback(section, run_name: str, plots_dir):
     _export_key(section.api_key_env, "WANDB_API_KEY", "logging.wandb.api_key_env", section.mode == "online")
 
     class WandbWithPlots(WandbLoggerCallback):
-        """Tune's W&B callback; each result also carries the run's plots, as images."""
+        """Tune's W&B callback; each result also carries the run's plots, as images.
+
+        Tune hands the API key to its logging actor as a ``runtime_env`` variable, and Ray's
+        runtime-env agent writes every runtime_env it sets up, values included, to
+        ``session_*/logs/runtime_env_agent.log``. This actor gets no runtime_env: it inherits
+        the key from the environment the Ray node started with (``tracker_callbacks`` runs
+        before ``ray.init``; on a cluster, export the key before ``ray start`` on the node
+        that runs ``draco-gym train``)."""
+
+        def _start_logging_actor(self, trial, exclude_results, **wandb_init_kwargs):
+            if not self._remote_logger_class:
+                import ray
+                from ray.air.util.node import _force_on_current_node
+
+                self._remote_logger_class = ray.remote(num_cpus=0, **_force_on_current_node(), max_restarts=-1,
+                                                       max_task_retries=-1)(self._logger_actor_cls)
+            super()._start_logging_actor(trial, exclude_results, **wandb_init_kwargs)
 
         def log_trial_result(self, iteration, trial, result):
             plots = sorted(Path(plots_dir).glob("*.png")) if plots_dir else []

@@ -54,13 +54,16 @@ class ProgressCallback(tune.Callback):
 def fit(config: RunConfig, algo_config: GRPOConfig, progress: ProgressCallback, output_dir: Path) -> tune.ResultGrid:
     """Tune's run of ``algo_config`` in a Ray session of its own. A tracker that refuses its
     settings raises ``ConfigError`` naming ``logging``."""
+    try:
+        # Before Ray starts: a key the trackers read from a variable of another name is then in
+        # the environment every Ray process inherits (and nowhere else).
+        trackers = tracker_callbacks(config.logging, run_name=config.name, output_dir=output_dir,
+                                     plots_dir=output_dir / "plots")
+    except Exception as exc:  # noqa: BLE001 - a tracker refusing its settings (MLflow's own errors too)
+        raise ConfigError(f"logging: {type(exc).__name__}: {exc}") from None
     start_ray(config.resources)
     try:
-        try:
-            trackers = tracker_callbacks(config.logging, run_name=config.name, output_dir=output_dir,
-                                         plots_dir=output_dir / "plots")
-        except Exception as exc:  # noqa: BLE001 - a tracker refusing its settings (MLflow's own errors too)
-            raise ConfigError(f"logging: {type(exc).__name__}: {exc}") from None
+        # The progress callback first: it copies the plots the trackers then pick up.
         tuner = tune.Tuner("GRPO", param_space=algo_config, run_config=tune.RunConfig(
             name="tune", storage_path=str(output_dir), stop=config.tune_stop(), verbose=0,
             callbacks=[progress, *trackers],

@@ -103,7 +103,10 @@
         tab('groups', '#groups', 'Groups (' + GROUPS.length + ')'),
         active === 'group' ? tab('group', location.hash, 'Group') : null,
         active === 'rollout' ? tab('rollout', location.hash, 'Rollout') : null),
-      el('div', { class: 'meta' }, GROUPS.length + ' groups · ' + nRollouts + ' rollouts · generated ' + INDEX.generated));
+      el('div', { class: 'meta' }, GROUPS.length + ' groups · ' + nRollouts + ' rollouts · generated ' + INDEX.generated),
+      (INDEX.warnings || []).length ? el('ul', { class: 'warnings' }, INDEX.warnings.map(function (w) {
+        return el('li', null, w);
+      })) : null);
   }
 
   // -- charts ---------------------------------------------------------------------------------
