@@ -47,3 +47,20 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         return sorted(self._entries)
+
+
+def import_object(spec: str, what: str):
+    """The object a ``"module:name"`` string names (a YAML config can only give names);
+    ``ValueError`` naming ``what`` when the string is malformed or names nothing."""
+    import importlib
+
+    module, sep, name = spec.partition(":") if isinstance(spec, str) else ("", "", "")
+    if not sep or not module or not name:
+        raise ValueError(f"{what} {spec!r} must be written 'module:name'")
+    try:
+        target = importlib.import_module(module)
+        for part in name.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"{what} {spec!r}: {exc}") from None
+    return target

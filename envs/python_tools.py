@@ -44,6 +44,7 @@ from draco_gym.envs import os_sandbox, tool_host
 from draco_gym.envs.base import CodeStepEnv, Execution, WorldLost
 from draco_gym.envs.os_sandbox import ProtocolError
 from draco_gym.envs.state_keys import call_key, last_call
+from draco_gym.registry import import_object
 from draco_gym.types import Task
 
 WORKER = os_sandbox.WORKER_SCRIPT
@@ -442,19 +443,6 @@ def tool_spec(tool: Callable | str) -> str:
     return f"{module}:{qualname}"
 
 
-def _import_function(spec: str, what: str) -> Callable:
-    """The function a ``"module:function"`` string names (a YAML config can only give names)."""
-    import importlib
-
-    module, sep, name = spec.partition(":")
-    if not sep or not module or not name:
-        raise ValueError(f"{what} {spec!r} must be written 'module:function'")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"{what} {spec!r}: {exc}") from None
-
-
 def _resolve(tool: Callable | str) -> Callable:
     if not isinstance(tool, str):
         return tool
@@ -617,7 +605,7 @@ class PythonToolsEnv(CodeStepEnv):
         tasks_module: list[str] = []
         if isinstance(tasks, str):
             tasks_module = [tasks.partition(":")[0]]
-            tasks = _import_function(tasks, "tasks")()
+            tasks = import_object(tasks, "tasks")()
         if tools is None:
             from draco_gym.envs import shop
 

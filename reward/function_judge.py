@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
-from draco_gym.reward.judge_protocol import JudgeReply
+from draco_gym.registry import import_object
+from draco_gym.reward.judge_protocol import JUDGES, JudgeReply
 
 
 class FunctionJudge:
@@ -26,3 +28,23 @@ class FunctionJudge:
         if not isinstance(answer, str):
             raise TypeError(f"the judge function returned {type(answer).__name__}; expected text or a JudgeReply")
         return JudgeReply(answer)
+
+
+@JUDGES.register("function")
+def function_judge(target: Any, **options: Any):
+    """The judge a YAML config names by its code: ``judge: {name: function, target:
+    "my_pkg.judges:strict"}``. ``target`` (or the object itself, from Python) is a function
+    ``fn(messages) -> text`` or a Judge class, built with the other options (a Judge has
+    ``async complete(messages, *, schema, schema_name, temperature, max_tokens, sample) ->
+    JudgeReply``)."""
+    made = import_object(target, "judge.target") if isinstance(target, str) else target
+    if isinstance(made, type):
+        made = made(**options)
+        if not callable(getattr(made, "complete", None)):
+            raise ValueError(f"judge.target {target!r}: a class must make a Judge (async complete(messages, ...))")
+        return made
+    if not callable(made):
+        raise ValueError(f"judge.target {target!r} is neither a Judge class nor a function(messages) -> text")
+    if options:
+        raise ValueError(f"judge.target {target!r} is a function: it takes no options (got {sorted(options)})")
+    return FunctionJudge(made, model=target if isinstance(target, str) else None)

@@ -314,10 +314,8 @@ def test_check_builds_the_env_and_resolves_model_and_tokenizer(tiny_model, tmp_p
 
 
 def test_check_probes_a_configured_judge_server(tiny_model, tmp_path, capsys):
-    """A judge server nobody listens at fails ``--check``, naming the key; the probe itself is
-    the judge room's ``reward.judge_health.probe_judge``: until that module is in the build,
-    ``--check`` says the judge was not probed (and passes)."""
-    import importlib.util
+    """A judge server nobody listens at fails ``--check``, naming the key and the port
+    (``reward.judge_health.probe_judge``)."""
     import socket
 
     with socket.socket() as sock:  # a port with nothing behind it
@@ -327,10 +325,7 @@ def test_check_probes_a_configured_judge_server(tiny_model, tmp_path, capsys):
         "name": "dynamic", "options": {"judge": {"name": "openai", "model": "m", "base_url": f"http://127.0.0.1:{port}/v1"}}})
     code = main(["train", str(config), "--check"])
     printed = capsys.readouterr()
-    if importlib.util.find_spec("draco_gym.reward.judge_health") is None:
-        assert code == 0 and "judge not probed: this build has no draco_gym.reward.judge_health" in printed.out
-    else:
-        assert code == 2 and "reward.options.judge:" in printed.err and str(port) in printed.err
+    assert code == 2 and "reward.options.judge:" in printed.err and str(port) in printed.err
 
 
 # -- damaged input to report --------------------------------------------------------------------

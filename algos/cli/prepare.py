@@ -61,10 +61,8 @@ def probe_judge(config) -> str:
     name = judge.get("name", "openai")
     if name != "openai":
         return f"judge {name!r} runs in the trainer's processes, not behind a server: not probed"
-    try:
-        from draco_gym.reward.judge_health import probe_judge as probe
-    except ImportError:  # the judge health module arrives with the judge room's branch
-        return "judge not probed: this build has no draco_gym.reward.judge_health"
+    from draco_gym.reward.judge_health import probe_judge as probe
+
     try:
         probe(judge)
     except Exception as exc:  # noqa: BLE001 - JudgeUnavailable, or a judge the options cannot build
