@@ -459,14 +459,24 @@ def describe_tool(tool: Callable | str) -> str:
     """One tool's signature and docstring, as the agent sees it."""
     tool = _resolve(tool)
     doc = inspect.getdoc(tool) or ""
-    return f"{tool.__name__}{inspect.signature(tool)}\n" + "\n".join(f"    {line}" for line in doc.splitlines())
+    return f"{tool.__name__}{_signature(tool)}\n" + "\n".join(f"    {line}" for line in doc.splitlines())
+
+
+def _signature(function: Callable) -> inspect.Signature:
+    """The signature with its annotations evaluated, so a module under ``from __future__
+    import annotations`` shows ``count: int``, not ``count: 'int'``; as written where one
+    names something the module cannot resolve."""
+    try:
+        return inspect.signature(function, eval_str=True)
+    except Exception:  # noqa: BLE001 - NameError and whatever an annotation's expression raises
+        return inspect.signature(function)
 
 
 def stub_description(tool: Callable | str) -> dict[str, Any]:
     """What the interpreter needs to build a tool's stub: its spec (for the tools' process),
     name, docstring and signature as text (parameters: name, kind, default, annotation)."""
     spec, function = tool_spec(tool), _resolve(tool)
-    signature = inspect.signature(function)
+    signature = _signature(function)
     shown = lambda value: None if value is inspect.Parameter.empty else inspect.formatannotation(value)  # noqa: E731
     parameters = [[p.name, int(p.kind), None if p.default is p.empty else repr(p.default), shown(p.annotation)]
                   for p in signature.parameters.values()]
@@ -499,9 +509,12 @@ These functions are available in the session:
 submit(answer)
     Submit your final answer to the task. Call it exactly once, when you are sure.
 
-After submitting, reply with a short message without a code block to finish.
+{ending}
 
 Task: {instruction}"""
+ENDINGS = {"no_code": "After submitting, reply with a short message without a code block to finish.",
+           "task_completed": "The episode ends as soon as submit has been called."}
+"""The prompt's last instruction, by ``end_rule``: what ends an episode."""
 
 
 class PythonToolsEnv(CodeStepEnv):
@@ -679,7 +692,7 @@ class PythonToolsEnv(CodeStepEnv):
         task = self._tasks[task_id]
         self._interpreter.start()
         self._answer, self._submitted = None, False
-        prompt = PROMPT.format(tools=self._tool_docs, instruction=task.instruction)
+        prompt = PROMPT.format(tools=self._tool_docs, ending=ENDINGS[self.end_rule], instruction=task.instruction)
         return task.model_copy(update={"agent_prompt": prompt})
 
     def _state_key_after(self, code: str) -> str | None:

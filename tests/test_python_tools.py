@@ -420,3 +420,28 @@ def test_a_line_no_stub_writes_on_the_tools_channel_ends_the_episode(env, line):
     assert info["exec_error"] == "ProtocolError" and info["metrics"]["submitted"] is False
     env.reset(options={"task_id": "sum"})
     assert env.step(code("print(add(1, 1))"))[0].strip() == "2"
+
+
+def test_the_prompt_says_what_ends_the_episode_and_shows_evaluated_annotations(tmp_path, monkeypatch):
+    """Under ``task_completed`` submit ends the episode, so the prompt asks for no closing
+    message; a tool module under ``from __future__ import annotations`` shows ``int``, not
+    ``'int'``."""
+    import gymnasium as gym
+
+    (tmp_path / "future_tools.py").write_text(
+        "from __future__ import annotations\n\n"
+        "def double(n: int) -> int:\n    \"\"\"Twice n.\"\"\"\n    return 2 * n\n\n"
+        "def tasks():\n    return [{'id': 't1', 'instruction': 'Submit double(2).', 'answer': 4}]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    prompts = {}
+    for rule in ("no_code", "task_completed"):
+        env = gym.make("draco_gym/PythonTools-v0", tools=["future_tools:double"], tasks="future_tools:tasks",
+                       end_rule=rule, sandbox="guard", read_only_paths=[str(tmp_path)])
+        try:
+            prompts[rule], _ = env.reset(options={"task_id": "t1"})
+        finally:
+            env.close()
+    assert "double(n: int) -> int" in prompts["no_code"] and "'int'" not in prompts["no_code"]
+    assert "reply with a short message" in prompts["no_code"]
+    assert "reply with a short message" not in prompts["task_completed"]
+    assert "ends as soon as submit has been called" in prompts["task_completed"]
