@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from draco_gym.algos.checkpoints import seal
 from draco_gym.algos.policy.models import BaseModelMismatch, adapter_base, base_for_adapter, check_adapter_base
 
 
@@ -66,6 +67,8 @@ def test_eval_refuses_a_checkpoint_of_another_base_before_ray_starts(tmp_path, c
     other = model_dir(tmp_path / "qwen")
     checkpoint = tmp_path / "ckpt"
     adapter(checkpoint / "adapter", other)
+    (checkpoint / "rllib_checkpoint.json").write_text("{}")
+    seal(checkpoint, iteration=1)  # complete: the base is what is wrong with it
     config = tmp_path / "run.yaml"
     config.write_text(json.dumps({"env": {"id": "draco_gym/Corridor-v0"}, "policy": {"model": str(raw)},
                                   "output_dir": str(tmp_path / "run")}))

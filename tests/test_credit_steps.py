@@ -257,15 +257,18 @@ def test_shipped_trace_and_prover_configs_use_the_outcome():
                                         .glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_passes_train_check(path, capsys):
     """Valid, and ready to run where its model is: ``--check`` also resolves the model and
-    builds the environment, so a config written for a GPU machine's own model directory
-    (``models/policy``) fails here on that key alone."""
+    builds the environment, so a config whose model is a directory this machine lacks (a GPU
+    machine's ``models/policy``, a policy the config's header says how to build) fails here
+    on that key alone."""
+    from draco_gym.algos.config import load_config
     from draco_gym.cli import main
 
     code = main(["train", str(path), "--check"])
     printed = capsys.readouterr()
     if code:
-        assert code == 2 and printed.err.startswith("error: policy.model: ") and "models/policy" in printed.err, \
-            printed.err
+        model = load_config(path).policy.model
+        assert code == 2 and printed.err.startswith("error: policy.model: ") and model in printed.err, printed.err
+        assert not __import__("pathlib").Path(model).exists(), printed.err
     else:
         assert printed.out.strip().endswith(": ok")
 

@@ -7,6 +7,8 @@ import json
 import os
 
 import pytest
+
+from draco_gym.algos.checkpoints import seal
 import yaml
 
 from draco_gym.algos.cli.eval import last_checkpoints, resolve_checkpoints
@@ -53,6 +55,8 @@ def _checkpoints(tmp_path, n: int) -> list:
     for i in range(n):
         path = tmp_path / "tune" / "GRPO_trial" / f"checkpoint_{i:06d}"
         path.mkdir(parents=True)
+        (path / "rllib_checkpoint.json").write_text("{}")
+        seal(path, iteration=i + 1)  # complete, as GRPO's save leaves it
         os.utime(path, (1000 + i, 1000 + i))
         paths.append(path)
     return paths
