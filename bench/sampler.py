@@ -122,7 +122,7 @@ def iteration(args, model_path: str) -> None:
         rows[sampler] = {"build": built, **{p: phases.get(p, 0.0) for p in PHASES},
                          "iteration": result["time_this_iter_s"],
                          "tokens/s": result["env_runners"]["generated_tokens_per_s"],
-                         "logp diff": result["learners"].get("sampler_logp_max_abs_diff", float("nan"))}
+                         "logp diff": result["learners"].get("__all_modules__", {}).get("sampler_logp_max_abs_diff", float("nan"))}
     print("\none GRPO iteration (PythonTools, G = 4 x 2 tasks, SmolLM2, LoRA r 16), seconds:")
     print(f"{'':>12} {'torch':>10} {'vllm':>10}")
     for key in rows["torch"]:

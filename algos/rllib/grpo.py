@@ -34,7 +34,7 @@ import numpy as np
 import ray
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
-from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.core import ALL_MODULES, COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, LEARNER_RESULTS, NUM_ENV_STEPS_SAMPLED,
@@ -369,13 +369,14 @@ class GRPO(Algorithm):
         """How far the sampler's log-probs of the sampled tokens are from the learner's, before
         the update: the largest absolute difference, and the largest deviation from 1 of the
         importance ratio the first minibatch would see with the sampler's as old log-probs
-        (``learners/sampler_logp_max_abs_diff``, ``learners/sampler_ratio_max_abs_dev``)."""
+        (``learners/__all_modules__/sampler_logp_max_abs_diff`` and ``.../sampler_ratio_max_abs_dev``:
+        RLlib's place for a learner statistic of no one module)."""
         mask = arrays["policy_mask"][:, 1:].astype(bool)
         gap = (np.asarray(learner_logp, np.float64)[:, 1:] - np.asarray(arrays["old_logp"], np.float64)[:, 1:])[mask]
         diff = float(np.abs(gap).max()) if gap.size else 0.0
         ratio = float(np.abs(np.expm1(gap)).max()) if gap.size else 0.0
-        self.metrics.log_value((LEARNER_RESULTS, "sampler_logp_max_abs_diff"), diff, window=1)
-        self.metrics.log_value((LEARNER_RESULTS, "sampler_ratio_max_abs_dev"), ratio, window=1)
+        self.metrics.log_value((LEARNER_RESULTS, ALL_MODULES, "sampler_logp_max_abs_diff"), diff, window=1)
+        self.metrics.log_value((LEARNER_RESULTS, ALL_MODULES, "sampler_ratio_max_abs_dev"), ratio, window=1)
 
     def sync_weights(self) -> None:
         """The learner's LoRA weights to every env runner: the next rollouts are on-policy."""
