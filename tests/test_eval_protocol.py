@@ -67,7 +67,7 @@ def test_last_checkpoints_are_the_newest_n_oldest_first(tmp_path, capsys):
     assert last_checkpoints(tmp_path, 3) == paths[2:]
     assert last_checkpoints(tmp_path, 9) == paths  # fewer kept than asked: all, with a note
     assert "keeps 5" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="no checkpoints under"):
+    with pytest.raises(ValueError, match="no complete checkpoints under"):
         last_checkpoints(tmp_path / "elsewhere", 3)
 
 

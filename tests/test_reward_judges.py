@@ -183,7 +183,7 @@ def test_import_does_not_load_heavy_frameworks():
 
 def test_registries_and_builders():
     assert REWARDS.names() == ["corridor", "dynamic", "outcome", "random", "rule", "static", "weighted"]
-    assert JUDGES.names() == ["openai", "transformers"]
+    assert JUDGES.names() == ["function", "openai", "transformers"]
     assert isinstance(build_judge("openai", model="m", base_url="http://127.0.0.1:9/v1"), OpenAIJudge)
     with pytest.raises(KeyError, match="Did you mean 'dynamic'"):
         build_reward("dynamc")
