@@ -373,8 +373,13 @@ def test_a_stale_done_line_ends_the_episode_and_the_next_reset_works(env):
              "    except OSError:\n        pass\nsubmit(5)")
     obs, _, terminated, _, info = env.step(code(forge))
     obs, _, terminated, _, info = env.step(code("print(2)")) if not terminated else (obs, 0, terminated, 0, info)
-    assert terminated and info["trajectory"].termination == Termination.ENV_ERROR, obs
-    assert "ProtocolError" == info["exec_error"]
+    if "the interpreter died" in obs:
+        # the forged line can also land on the interpreter's own input, which it then reads as
+        # the end of its channel and exits: restarted and replayed, the forgery counted for nothing
+        assert not terminated and not info.get("metrics", {}).get("success"), obs
+    else:
+        assert terminated and info["trajectory"].termination == Termination.ENV_ERROR, obs
+        assert "ProtocolError" == info["exec_error"]
     env.reset(options={"task_id": "sum"})
     assert env.step(code("print(add(1, 1))"))[0].strip() == "2"
 
