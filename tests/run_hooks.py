@@ -65,5 +65,9 @@ def _install() -> None:
     GRPO._run_hooks = True
 
 
-if not getattr(GRPO, "_run_hooks", False):
+# Only a process the test started with hooks asked for is patched. The test's own process
+# imports this module too (its in-process ``main(["train", ...])`` calls read ``env.modules``),
+# and a GRPO patched there would make every later Tune trial in the session pickle methods of
+# a module Ray's workers cannot import.
+if (HOLD or RECORD) and not getattr(GRPO, "_run_hooks", False):
     _install()

@@ -457,6 +457,9 @@ def test_sigkill_mid_checkpoint_and_between_iterations_then_resume(tiny_model, t
     assert [r["training_iteration"] for r in read_records(out / "metrics.jsonl")[0]] == [1, 2]
     assert main(["train", str(config), "--resume", str(partial)]) == 2  # refused by name
     assert main(["train", str(config)]) == 2  # the killed run's folder is not overwritten silently
+    from draco_gym.algos.rllib.grpo import GRPO
+
+    assert not getattr(GRPO, "_run_hooks", False), "the hooks patched this process's GRPO for later tests too"
 
     # 2. Resumed (the newest complete checkpoint: iteration 1), every 2 iterations a checkpoint,
     #    killed before its iteration 4, after iteration 3's row (no checkpoint since 2).
