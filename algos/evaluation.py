@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from draco_gym.metrics import pass_at_k, pass_hat_k
+from draco_gym.types import RolloutGroup
 
 Z95 = 1.959964
 
@@ -38,7 +39,7 @@ def share(k: int, n: int) -> dict:
     return {"mean": k / n if n else 0.0, "k": int(k), "n": int(n), "ci95": wilson(k, n)}
 
 
-def episode_summary(groups: Sequence[dict], success_metric: str = "success") -> dict:
+def episode_summary(groups: Sequence[RolloutGroup], success_metric: str = "success") -> dict:
     """The user-facing rates of a set of evaluation episodes (``GRPO.rollout`` groups):
 
     success_rate         episodes whose ``metrics[success_metric]`` is true
@@ -47,7 +48,7 @@ def episode_summary(groups: Sequence[dict], success_metric: str = "success") -> 
     well_formed_turns    turns that carried one well-formed code block
     raised_blocks        executed blocks whose execution raised
     """
-    trajectories = [t for g in groups for t in g["trajectories"]]
+    trajectories = [t for g in groups for t in g.trajectories]
     wins = sum(bool(t.metrics.get(success_metric)) for t in trajectories)
     turns = [s for t in trajectories for s in t.steps]
     well_formed = sum(s.code is not None and not _parse_error(s) for s in turns)
@@ -59,7 +60,7 @@ def episode_summary(groups: Sequence[dict], success_metric: str = "success") -> 
         "well_formed_turns": share(well_formed, len(turns)),
         "raised_blocks": share(raised, len(executed)),
     }
-    scores = [g["score"] for g in groups if g.get("score") is not None]
+    scores = [g.score for g in groups if g.score is not None]
     if scores:
         passes = sum(s.p + s.dropped_passes for g in scores for s in g.scores)
         fails = sum(s.f for g in scores for s in g.scores)
@@ -111,22 +112,22 @@ def no_update_note(rows: Iterable[dict]) -> str | None:
 # -- draco-gym eval: pass@k and pass^k over n runs per task ------------------------------
 
 
-def eval_summary(groups: list[dict], success_metric: str, *, scenarios: bool = False) -> dict:
+def eval_summary(groups: Sequence[RolloutGroup], success_metric: str, *, scenarios: bool = False) -> dict:
     """One run's metrics over its groups (one group = the n episodes of one task): success
     rate, pass@k and pass^k for k = 1..n, termination shares, turns, the reward's mean.
     ``scenarios``: also AppWorld's SGC, the share of scenarios all of whose episodes passed."""
     per_task, terms, turns, rewards = [], Counter(), [], []
     results = []
     for group in groups:
-        trajs = group["trajectories"]
+        trajs = group.trajectories
         wins = [bool(t.metrics.get(success_metric, False)) for t in trajs]
         per_task.append((len(wins), sum(wins)))
-        results += [{"task_id": group["task_id"], "success": w} for w in wins]
+        results += [{"task_id": group.task_id, "success": w} for w in wins]
         for t in trajs:
             terms[t.termination] += 1
             turns.append(len(t.steps))
-        if group.get("score") is not None:
-            rewards.extend(group["score"].rewards)
+        if group.score is not None:
+            rewards.extend(group.score.rewards)
     n_eps = sum(n for n, _ in per_task) or 1
     k_max = min((n for n, _ in per_task), default=0)
     out = {

@@ -175,11 +175,11 @@ def success_rate(algo, *, episodes_per_task: int = 32, seed: int = 10_000) -> di
     episodes that found the treasure, with its binomial standard error."""
     task_ids = list(algo._task_ids)
     groups = algo.rollout(task_ids, group_size=episodes_per_task, score=False, seed=seed)
-    wins = [bool(t.metrics.get("success")) for g in groups for t in g["trajectories"]]
+    wins = [bool(t.metrics.get("success")) for g in groups for t in g.trajectories]
     rate = float(np.mean(wins))
     return {"success": rate, "stderr": float(np.sqrt(rate * (1 - rate) / len(wins))), "episodes": len(wins),
             "well_formed": float(np.mean([t.metrics.get("parse_errors", 0) == 0
-                                          for g in groups for t in g["trajectories"]]))}
+                                          for g in groups for t in g.trajectories]))}
 
 
 def main(argv: list[str] | None = None) -> int:

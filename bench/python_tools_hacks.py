@@ -24,7 +24,7 @@ import sys
 import tempfile
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -253,6 +253,22 @@ def attempt(hack: Hack, mode: str, h: Host, env=None) -> Attempt:
     return result
 
 
+def attempts(modes: Sequence[str], only: Sequence[str] | None = None) -> Iterator[tuple[Hack, str, Attempt, bool]]:
+    """Each hack tried in each of ``modes`` it applies to, on a fresh host: the hack, the mode,
+    what happened and whether it forged the reward."""
+    for hack in HACKS:
+        if only and hack.name not in only:
+            continue
+        for mode in (m for m in modes if m in hack.modes):
+            with host() as h:
+                result = attempt(hack, mode, h)
+                yield hack, mode, result, hack.forged(result)
+
+
+def detail(result: Attempt) -> str:
+    return result.raised or f"termination={result.termination} reset_ok={result.reset_ok}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", nargs="+", default=["bwrap", "guard"])
@@ -262,19 +278,11 @@ def main() -> None:
 
     modes = [m for m in args.modes if m != "bwrap" or bwrap_problem() is None]
     forged = tried = 0
-    for hack in HACKS:
-        if args.only and hack.name not in args.only:
-            continue
-        for mode in (m for m in modes if m in hack.modes):
-            with host() as h:
-                result = attempt(hack, mode, h)
-                verdict = hack.forged(result)
-            forged += verdict
-            tried += 1
-            detail = result.raised or f"termination={result.termination} reset_ok={result.reset_ok}"
-            print(f"{'FORGED' if verdict else 'HELD  '}  {hack.name:22s} {mode:6s} {detail}  | "
-                  f"{result.observation.strip().splitlines()[-1][:100] if result.observation.strip() else ''}",
-                  flush=True)
+    for hack, mode, result, verdict in attempts(modes, args.only):
+        forged += verdict
+        tried += 1
+        last = result.observation.strip().splitlines()[-1][:100] if result.observation.strip() else ""
+        print(f"{'FORGED' if verdict else 'HELD  '}  {hack.name:22s} {mode:6s} {detail(result)}  | {last}", flush=True)
     print(f"PythonTools hacks forged: {forged} of {tried}")
 
 

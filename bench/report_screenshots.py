@@ -24,8 +24,10 @@ import gymnasium as gym
 import draco_gym  # noqa: F401 - registers the environments
 from draco_gym.algos.credit import get_credit_rule, group_advantages
 from draco_gym.algos.cli.demo import AGENTS, _code
+from draco_gym.algos.rllib.reporting import RolloutLog
 from draco_gym.report import build_report
 from draco_gym.reward import build_reward
+from draco_gym.types import RolloutGroup
 
 SCRIPTS = dict(AGENTS)
 SCRIPTS["stops early"] = [
@@ -55,21 +57,17 @@ def write_run(run: Path, iterations: int = 6, tasks_per_iteration: int = 3, seed
     tasks = [t for t in env.task_ids if t.startswith("order-total")]
     run.mkdir(parents=True, exist_ok=True)
     try:
-        with open(run / "rollouts.jsonl", "w") as fh:
-            for it in range(iterations):
-                for task_id in rng.sample(tasks, tasks_per_iteration):
-                    # The policy improves: later iterations draw the careful agents more often.
-                    names = rng.choices(list(SCRIPTS), weights=[1 + it, 1 + it / 2, 4 - it / 2, 3], k=4)
-                    trajectories = [play(env, task_id, SCRIPTS[n]) for n in names]
-                    group = reward.score_group(trajectories[0].task, trajectories)
-                    steps = credit(trajectories, group, group_advantages(group.rewards))
-                    for i, (traj, score, a_steps) in enumerate(zip(trajectories, group.scores, steps)):
-                        fh.write(json.dumps({
-                            "iteration": it, "task_id": task_id, "index": i, "trajectory": traj.model_dump(mode="json"),
-                            "score": score.model_dump(mode="json"),
-                            "criteria": [c.model_dump(mode="json") for c in group.criteria],
-                            "dropped": group.dropped, "fallbacks": group.fallbacks, "step_advantages": a_steps,
-                        }) + "\n")
+        log = RolloutLog(run / "rollouts.jsonl")
+        log.path.unlink(missing_ok=True)
+        for it in range(iterations):
+            for task_id in rng.sample(tasks, tasks_per_iteration):
+                # The policy improves: later iterations draw the careful agents more often.
+                names = rng.choices(list(SCRIPTS), weights=[1 + it, 1 + it / 2, 4 - it / 2, 3], k=4)
+                trajectories = [play(env, task_id, SCRIPTS[n]) for n in names]
+                group = RolloutGroup(task_id=task_id, trajectories=trajectories)
+                group = group.with_score(reward.score_group(group.task, trajectories))
+                steps = credit(trajectories, group.score, group_advantages(group.score.rewards))
+                log.write([group], iteration=it, step_advantages=steps)
     finally:
         env.close()
 

@@ -58,14 +58,8 @@ class Tried:
 def pythontools(sandbox: str) -> Iterator[Tried]:
     import python_tools_hacks as hacks
 
-    for hack in hacks.HACKS:
-        if sandbox not in hack.modes:
-            continue
-        with hacks.host() as h:
-            result = hacks.attempt(hack, sandbox, h)
-            forged = hack.forged(result)
-        yield Tried("pythontools", hack.name, forged,
-                    result.raised or f"termination={result.termination} reset_ok={result.reset_ok}")
+    for hack, _, result, forged in hacks.attempts([sandbox]):
+        yield Tried("pythontools", hack.name, forged, hacks.detail(result))
 
 
 def appworld(sandbox: str) -> Iterator[Tried]:

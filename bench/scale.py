@@ -106,8 +106,8 @@ def bench_rollout(args, path: str) -> dict[int, dict]:
                 t0 = time.perf_counter()
                 groups = algo.rollout(tasks, group_size=args.group_size, score=False, seed=rep + 1)
                 walls.append(time.perf_counter() - t0)
-                episodes += sum(len(g["trajectories"]) for g in groups)
-                tokens += policy_tokens(t for g in groups for t in g["trajectories"])
+                episodes += sum(len(g.trajectories) for g in groups)
+                tokens += policy_tokens(t for g in groups for t in g.trajectories)
         finally:
             algo.stop()
         wall = sum(walls)
@@ -125,7 +125,7 @@ def bench_learner(args, path: str) -> dict[int, dict]:
         try:
             if batch is None:
                 groups, _ = algo.sample(algo.sample_tasks(0), seed=0)
-                algo.score(groups)
+                groups, _ = algo.score(groups)
                 batch = apply_credit(groups, algo.credit_rule())
             algo.update(batch)  # warm-up (first-call costs, the process group's first all-reduce)
             times = []

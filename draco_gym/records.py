@@ -199,3 +199,20 @@ def _line_start(fh, end: int) -> int:
             return pos - step + at + 1
         pos -= step
     return 0
+
+
+def write_json(path: str | Path, value: Any) -> None:
+    """A whole JSON file (a run's ``summary.json``, ``memory.json``), replaced in one step: a
+    reader, or a kill mid-write, sees the old file or the new one, never half of either."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(value, fh, indent=1)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

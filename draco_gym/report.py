@@ -1,8 +1,8 @@
 """``draco-gym report RUN_DIR``: what the judge saw, decided and cited, as one HTML file.
 
-The report reads only the run directory's files (``metrics.jsonl``, ``rollouts.jsonl``,
-``summary.json``), never the trainer or the judge, so it works on any run, finished or
-not, copied from another machine or years old. It writes one self-contained HTML page: data,
+The report reads only the run directory's files (``metrics.jsonl``, ``rollouts.jsonl``, one
+``draco_gym.types.RolloutRecord`` a line, ``summary.json``), never the trainer or the judge,
+so it works on any run, finished or not, copied from another machine. It writes one self-contained HTML page: data,
 script and styles inline, charts as plain SVG drawn by the page's own script, no request to
 anything, so it opens from disk and can be attached to an issue.
 
@@ -37,9 +37,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from draco_gym.metrics import finite_number, group_advantages
 from draco_gym.records import RecordError, RecordReader
 from draco_gym.text import truncate_middle
+from draco_gym.types import RolloutRecord, Step
 
 # What the judge reads of a step by default (draco_gym.reward.render.render_trajectory's
 # max_message_chars and max_observation_chars; a test keeps the two in step). A longer
@@ -166,18 +169,25 @@ class Limits:
 class _Group:
     iteration: int
     task_id: str
-    rows: list[tuple[int, dict]] = field(default_factory=list)  # (line number, record)
+    rows: list[tuple[int, RolloutRecord]] = field(default_factory=list)  # (line number, record)
 
 
-def _criteria_entries(raw) -> list[dict]:
-    """Criteria saved as titles or as Criterion dumps, as dicts with at least a title."""
-    out = []
-    for c in raw or []:
-        if isinstance(c, str):
-            out.append({"title": c})
-        elif isinstance(c, dict) and c.get("title"):
-            out.append(c)
-    return out
+def as_record(raw: dict[str, Any], path: Path, number: int) -> RolloutRecord:
+    """One parsed ``rollouts.jsonl`` line as its ``RolloutRecord``; a line that does not fit
+    the schema is a ``ReportError`` naming the file, the line and the field."""
+    try:
+        return RolloutRecord.model_validate(raw)
+    except ValidationError as exc:
+        raise ReportError(f"{path} line {number} {_schema_problem(exc)}") from None
+
+
+def _schema_problem(exc: ValidationError) -> str:
+    errors = exc.errors(include_url=False, include_input=False)
+    if any(e["type"] == "missing" and e["loc"] == ("trajectory",) for e in errors):
+        return "has no 'trajectory' object: not a draco-gym rollout record"
+    problems = [f"{'.'.join(map(str, e['loc'])) or 'the record'}: {e['msg']}" for e in errors[:3]]
+    more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+    return "does not fit the rollout record schema: " + "; ".join(problems) + more
 
 
 def read_groups(path: Path, notes: list[str] | None = None):
@@ -191,23 +201,20 @@ def read_groups(path: Path, notes: list[str] | None = None):
     passed: set[int] = set()
     returned: set[int] = set()
     try:
-        for number, record in reader:
-            if not isinstance(record.get("trajectory"), dict):
-                raise ReportError(f"{path} line {number} has no 'trajectory' object: not a draco-gym rollout record")
-            traj = record["trajectory"]
-            task_id = str(record.get("task_id") or (traj.get("task") or {}).get("id") or "?")
-            iteration = int(record.get("iteration") or 0)
-            index = int(record.get("index", last_index + 1))
-            if current is None or (iteration, task_id) != (current.iteration, current.task_id) or index <= last_index:
+        for number, raw in reader:
+            record = as_record(raw, path, number)
+            iteration = record.iteration or 0
+            if current is None or (iteration, record.task_id) != (current.iteration, current.task_id) \
+                    or record.index <= last_index:
                 if current is not None:
                     yield current
                     if iteration != current.iteration:
                         passed.add(current.iteration)
                 if iteration in passed:
                     returned.add(iteration)
-                current = _Group(iteration, task_id)
+                current = _Group(iteration, record.task_id)
             current.rows.append((number, record))
-            last_index = index
+            last_index = record.index
     except RecordError as exc:
         raise ReportError(str(exc)) from None
     if current is not None:
@@ -220,20 +227,6 @@ def read_groups(path: Path, notes: list[str] | None = None):
                          "one): a run resumed without cutting its log")
 
 
-def _verdicts(record: dict) -> list[dict]:
-    score = record.get("score") or {}
-    return [v for v in score.get("verdicts") or [] if isinstance(v, dict) and "criterion" in v]
-
-
-def _reward(record: dict) -> float:
-    score = record.get("score") or {}
-    value = finite_number(score.get("reward"))
-    if value is not None:
-        return value
-    p, f = score.get("p", 0), score.get("f", 0)
-    return (p - f) / (p + f) if p + f else 0.0
-
-
 def _fallback_stage(reason: str) -> str:
     """The stage a fallback reason names: ``augment[3]: ...`` -> ``augment``."""
     return re.split(r"[\[:]", reason, maxsplit=1)[0].strip() or "other"
@@ -242,28 +235,25 @@ def _fallback_stage(reason: str) -> str:
 _DROPOUT_REASON = "no rollout of the group failed it (discriminative dropout): it could not tell the rollouts apart"
 
 
-def _rubric(records: list[dict]) -> tuple[list[dict], list[list]]:
-    """The group's surviving criteria (a verdict on a title the saved list lacks still
-    shows, of unknown origin) and its dropped ones as [title, origin, reason]."""
-    first = records[0]
-    criteria = _criteria_entries(first.get("criteria"))
-    titles = {c["title"] for c in criteria}
+def _rubric(records: list[RolloutRecord]) -> tuple[list[list], list[list]]:
+    """The group's surviving criteria as [title, origin, description] (a verdict on a title
+    the saved list lacks still shows, of unknown origin) and its dropped ones as [title,
+    origin, reason]."""
+    criteria = [[c, None, ""] if isinstance(c, str) else [c.title, c.origin, c.description[:300]]
+                for c in records[0].criteria]
+    titles = {c[0] for c in criteria}
     for record in records:
-        for v in _verdicts(record):
-            if v["criterion"] not in titles:
-                titles.add(v["criterion"])
-                criteria.append({"title": v["criterion"]})
-    dropped = []
-    for d in first.get("dropped") or []:
-        entry = {"title": d} if isinstance(d, str) else dict(d)
-        dropped.append([entry.get("title", "?"), entry.get("origin"), entry.get("reason") or _DROPOUT_REASON])
-    return criteria, dropped
+        for v in record.score.verdicts if record.score else []:
+            if v.criterion not in titles:
+                titles.add(v.criterion)
+                criteria.append([v.criterion, None, ""])
+    return criteria, [[title, None, _DROPOUT_REASON] for title in records[0].dropped]
 
 
-def _step_detail(step: dict, last: bool, termination: str | None, where: str, limits: Limits) -> dict:
+def _step_detail(step: Step, last: bool, termination: str | None, where: str, limits: Limits) -> dict:
     """One step as the page shows it: capped text, and marks where what the judge or the
     policy saw was shortened."""
-    text, obs, code = str(step.get("text") or ""), str(step.get("observation") or ""), step.get("code")
+    text, obs, code = step.text, step.observation, step.code
     marks = []
     if len(text) > limits.judge_message:
         marks.append(f"judge saw the message shortened to {limits.judge_message} of {len(text)} characters")
@@ -274,16 +264,15 @@ def _step_detail(step: dict, last: bool, termination: str | None, where: str, li
     if last and termination == "length":
         marks.append("the episode hit its token budget here: this message may be cut off")
     return {"text": cap_text(text, limits.message, where), "obs": cap_text(obs, limits.observation, where),
-            "code": None if code is None else cap_text(str(code), limits.code, where),
-            "nocode": None if code is not None else without_code(step, last),
-            "n": int(step.get("n_tokens") or 0), "marks": marks}
+            "code": None if code is None else cap_text(code, limits.code, where),
+            "nocode": None if code is not None else without_code(step, last), "n": step.n_tokens, "marks": marks}
 
 
-def without_code(step: dict, last: bool) -> str:
+def without_code(step: Step, last: bool) -> str:
     """What a turn without a code block was: a malformed reply (the parse error the agent was
     shown: a block opened but never closed, several blocks, an empty one), the closing
     message (the episode's last turn), or a message mid-episode (to a user, in tau-bench)."""
-    parse = (step.get("info") or {}).get("parse")
+    parse = step.info.get("parse")
     error = parse.get("error") if isinstance(parse, dict) else None
     if error:
         return f"malformed reply ({error})"
@@ -295,43 +284,42 @@ def summarise_group(group: _Group, gid: int, source: str, limits: Limits) -> tup
     per-rollout figures the run-level series are derived from."""
     records = [r for _, r in group.rows]
     criteria, dropped = _rubric(records)
-    column = {c["title"]: j for j, c in enumerate(criteria)}
-    fallbacks = [str(f) for f in records[0].get("fallbacks") or []]
-    rewards = [_reward(r) for r in records]
+    column = {c[0]: j for j, c in enumerate(criteria)}
+    fallbacks = list(records[0].fallbacks)
+    rewards = [r.score.reward if r.score else 0.0 for r in records]
     advantages = group_advantages(rewards)
     summary_rows, detail_rows = [], []
     inert = nonzero = 0
     for (line, record), r_i, a_i in zip(group.rows, rewards, advantages):
-        traj, score = record["trajectory"], record.get("score") or {}
-        steps, metrics, verdicts = traj.get("steps") or [], traj.get("metrics") or {}, _verdicts(record)
-        step_adv = [finite_number(a) for a in record.get("step_advantages") or []]  # None where not finite
+        traj, score = record.trajectory, record.score
+        steps, verdicts = traj.steps, score.verdicts if score else []
+        step_adv = [finite_number(a) for a in record.step_advantages or []]  # None where not finite
         if a_i != 0 and step_adv and None not in step_adv:
             nonzero += 1
             inert += all(math.isclose(a, a_i, rel_tol=1e-6, abs_tol=1e-9) for a in step_adv)
         where = f"{source} line {line}"
         matrix: list[int | None] = [None] * len(criteria)
         for v in verdicts:
-            matrix[column[v["criterion"]]] = v.get("score")
+            matrix[column[v.criterion]] = v.score
         detail_rows.append({
             "line": line,
-            "steps": [_step_detail(step, j == len(steps) - 1, traj.get("termination"), where, limits)
+            "steps": [_step_detail(step, j == len(steps) - 1, traj.termination, where, limits)
                       for j, step in enumerate(steps)],
-            "verdicts": [{"c": column[v["criterion"]], "s": v.get("score"), "cite": list(v.get("cited_steps") or []),
-                          "ev": cap_text(str(v.get("evidence") or ""), limits.evidence, where),
-                          "just": cap_text(str(v.get("justification") or ""), limits.evidence, where)}
+            "verdicts": [{"c": column[v.criterion], "s": v.score, "cite": list(v.cited_steps),
+                          "ev": cap_text(v.evidence, limits.evidence, where),
+                          "just": cap_text(v.justification, limits.evidence, where)}
                          for v in verdicts],
             "adv": step_adv,
-            "metrics": {k: v for k, v in metrics.items() if isinstance(v, (str, int, float, bool)) or v is None},
+            "metrics": {k: v for k, v in traj.metrics.items() if isinstance(v, (str, int, float, bool)) or v is None},
         })
         summary_rows.append({
-            "line": line, "R": r_i, "A": a_i, "ok": env_success(metrics), "term": traj.get("termination") or "unknown",
-            "ns": len(steps), "p": int(score.get("p") or 0), "f": int(score.get("f") or 0), "v": matrix,
-            "tok": sum(int(s.get("n_tokens") or 0) for s in steps),
+            "line": line, "R": r_i, "A": a_i, "ok": env_success(traj.metrics), "term": traj.termination or "unknown",
+            "ns": len(steps), "p": score.p if score else 0, "f": score.f if score else 0, "v": matrix,
+            "tok": sum(s.n_tokens for s in steps),
         })
-    task = records[0]["trajectory"].get("task") or {}
-    instruction = cap_text(str(task.get("instruction") or ""), limits.instruction, f"{source} line {group.rows[0][0]}")
-    summary = {"id": gid, "it": group.iteration, "task": group.task_id,
-               "crit": [[c["title"], c.get("origin"), str(c.get("description") or "")[:300]] for c in criteria],
+    instruction = cap_text(records[0].trajectory.task.instruction, limits.instruction,
+                           f"{source} line {group.rows[0][0]}")
+    summary = {"id": gid, "it": group.iteration, "task": group.task_id, "crit": criteria,
                "drop": dropped, "fb": fallbacks, "roll": summary_rows, "dis": disagreements(summary_rows)}
     if summary["dis"] and not any(advantages):
         summary["dis"].append("every rollout has A_i = 0 (the rewards tie): the group teaches nothing either way")

@@ -2,7 +2,10 @@
 
 Episode data (Task, Step, Trajectory) and rubric data (Criterion, Verdict, TrajectoryScore,
 GroupScore) are pydantic models so that rollouts and verdicts can be saved as JSON, replayed
-and re-scored later with another judge or credit rule. Validation happens here, once, so
+and re-scored later with another judge or credit rule. A ``RolloutGroup`` (the G rollouts of
+one task and their score) is what every layer hands on: the env runner samples it, the
+reward scores it, credit, logging and evaluation read it; a ``RolloutRecord`` is one line of
+``rollouts.jsonl``, the file the report reads. Validation happens here, once, so
 that every layer can trust what it receives: a step numbered out of order or a citation
 outside the trajectory is rejected when the object is built, naming the field.
 """
@@ -10,6 +13,7 @@ outside the trajectory is rejected when the object is built, naming the field.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -277,3 +281,70 @@ class GroupScore(_Model):
         for stage in self.usage.values():
             total = total.add(stage)
         return total
+
+
+# ---------------------------------------------------------------------------------------
+# What the layers hand on
+
+
+class RolloutGroup(_Model):
+    """The G rollouts of one task and, once the reward has run, their ``GroupScore``.
+
+    The env runner samples groups, the reward scores them (``with_score`` returns the scored
+    copy; a group is never scored in place), and credit, logging and evaluation read them. A
+    score holds one ``TrajectoryScore`` per trajectory, in the same order."""
+
+    task_id: str
+    trajectories: list[Trajectory] = Field(min_length=1)
+    score: GroupScore | None = None
+
+    @model_validator(mode="after")
+    def _one_score_per_trajectory(self) -> RolloutGroup:
+        if self.score is not None and len(self.score.scores) != len(self.trajectories):
+            raise ValueError(f"score has {len(self.score.scores)} trajectory scores for "
+                             f"{len(self.trajectories)} trajectories of task {self.task_id!r}")
+        return self
+
+    @property
+    def task(self) -> Task:
+        """The task as the agent saw it (the first rollout's: a group's rollouts share it)."""
+        return self.trajectories[0].task
+
+    def with_score(self, score: GroupScore) -> RolloutGroup:
+        """This group with ``score``, checked against its trajectories."""
+        return RolloutGroup(task_id=self.task_id, trajectories=self.trajectories, score=score)
+
+
+class RolloutRecord(_Model):
+    """One line of ``rollouts.jsonl``: one rollout with its verdicts and, in training, its
+    step credit, enough to replay it and re-score it with another judge or credit rule.
+
+    ``index`` is the rollout's place in its group; ``criteria``, ``dropped`` and ``fallbacks``
+    are the group's (repeated on each of its lines, so a line stands alone). An evaluation
+    writes no ``iteration`` and, unscored, a null ``score``; ``step_advantages`` (a_j per
+    step) are training's, written as computed (a non-finite value as ``NaN``). A criterion
+    saved as its title alone (a string) has no known origin."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, ser_json_inf_nan="constants")
+
+    iteration: int | None = None
+    task_id: str
+    index: int = Field(ge=0)
+    trajectory: Trajectory
+    score: TrajectoryScore | None = None
+    criteria: list[Criterion | str] = Field(default_factory=list)
+    dropped: list[str] = Field(default_factory=list)
+    fallbacks: list[str] = Field(default_factory=list)
+    step_advantages: list[float] | None = None
+
+    @classmethod
+    def of_group(cls, group: RolloutGroup, *, iteration: int | None = None,
+                 step_advantages: Sequence[Sequence[float]] | None = None) -> list[RolloutRecord]:
+        """The group's lines, one per rollout (``step_advantages``: one list per rollout)."""
+        score = group.score
+        shared = {} if score is None else {"criteria": score.criteria, "dropped": score.dropped,
+                                           "fallbacks": score.fallbacks}
+        return [cls(iteration=iteration, task_id=group.task_id, index=i, trajectory=traj,
+                    score=None if score is None else score.scores[i],
+                    step_advantages=None if step_advantages is None else list(step_advantages[i]), **shared)
+                for i, traj in enumerate(group.trajectories)]

@@ -444,15 +444,7 @@ def tool_spec(tool: Callable | str) -> str:
 
 
 def _resolve(tool: Callable | str) -> Callable:
-    if not isinstance(tool, str):
-        return tool
-    import importlib
-
-    module_name, _, qualname = tool.partition(":")
-    tool = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        tool = getattr(tool, part)
-    return tool
+    return import_object(tool, "tool") if isinstance(tool, str) else tool
 
 
 def describe_tool(tool: Callable | str) -> str:

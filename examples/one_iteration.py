@@ -35,6 +35,7 @@ from draco_gym.algos.policy.loss import grpo_loss
 from draco_gym.algos.policy.models import build_tiny_llama
 from draco_gym.algos.policy.rollout import Episode, run_episodes
 from draco_gym.reward import build_reward
+from draco_gym.types import RolloutGroup
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -69,17 +70,18 @@ def main(argv: list[str] | None = None) -> dict:
                 for k, env in enumerate(envs)]
     with torch.no_grad():
         trajectories = run_episodes(episodes, sampler, chat, limits, seed=args.seed)
-    groups = [trajectories[i * G : (i + 1) * G] for i in range(args.tasks)]
+    groups = [RolloutGroup(task_id=task, trajectories=trajectories[i * G : (i + 1) * G])
+              for i, task in enumerate(task_ids)]
 
     # 2. Group score: one reward call per group (a rubric judges the G rollouts together).
-    scores = [reward.score_group(group[0].task, group) for group in groups]
+    groups = [group.with_score(reward.score_group(group.task, group.trajectories)) for group in groups]
 
     # 3. Credit: A_i = the group-normalised reward; the rule turns it into a_j per step (DRACO:
     #    towards the steps the verdicts cite); a_j goes on step j's tokens, 0 on gap tokens.
     token_adv = []
-    for group, score in zip(groups, scores):
-        A = group_advantages(score.rewards)
-        for traj, a_steps in zip(group, credit_rule(group, score, A)):
+    for group in groups:
+        A = group_advantages(group.score.rewards)
+        for traj, a_steps in zip(group.trajectories, credit_rule(group.trajectories, group.score, A)):
             token_adv.append(token_advantages(a_steps, traj.token_step))
 
     # 4. Token batch: one right-padded row per trajectory; the loss is taken on step tokens.
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     for env in envs:
         env.close()
-    out = {"episodes": len(trajectories), "rewards": [score.rewards for score in scores], "policy_tokens": int(mask.sum()),
+    out = {"episodes": len(trajectories), "rewards": [group.score.rewards for group in groups], "policy_tokens": int(mask.sum()),
            "loss": float(loss.detach()), **{k: float(v) for k, v in stats.items()}, "adapter_moved": moved}
     print("\n".join(f"{k}: {v}" for k, v in out.items()))
     return out

@@ -1,6 +1,6 @@
 """A hand-made run directory with known verdicts, citations, a planted judge/env
 disagreement and a hostile rollout, written in the trainer's format (one rollouts.jsonl line
-per rollout, as GRPO._save_rollouts writes it; metrics.jsonl as MetricsLog writes it)."""
+per rollout, RolloutLog's RolloutRecord; metrics.jsonl as MetricsLog writes it)."""
 
 from __future__ import annotations
 

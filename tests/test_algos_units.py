@@ -22,7 +22,7 @@ from draco_gym.algos.policy.lm import token_logprobs
 from draco_gym.algos.rllib.module import HFPolicyModule
 from draco_gym.algos.rllib.reporting import PHASES, iteration_metrics
 from draco_gym.algos.policy.rollout import Episode, EpisodeLimits, run_episodes
-from draco_gym.types import GAP, Criterion, GroupScore, Termination, TrajectoryScore, Verdict
+from draco_gym.types import GAP, Criterion, GroupScore, RolloutGroup, Termination, TrajectoryScore, Verdict
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +256,7 @@ def _group(tiny, env):
 
 def test_advantages_land_on_exactly_their_steps_tokens(tiny, env):
     trajs, score = _group(tiny, env)
-    groups = [{"task_id": "t", "trajectories": trajs, "score": score}]
+    groups = [RolloutGroup(task_id="t", trajectories=trajs, score=score)]
     credited = apply_credit(groups, get_credit_rule("draco"))
     rows, token_adv, step_adv = credited.trajectories, credited.token_advantages, credited.step_advantages
     stats = iteration_metrics(groups, credited, dict.fromkeys(PHASES, 0.0), 1.0, 0)
@@ -288,7 +288,7 @@ def test_micro_batches_give_the_full_batch_gradient(tiny, env):
 
     path, _ = tiny
     trajs, score = _group(tiny, env)
-    credited = apply_credit([{"task_id": "t", "trajectories": trajs, "score": score}], get_credit_rule("draco"))
+    credited = apply_credit([RolloutGroup(task_id="t", trajectories=trajs, score=score)], get_credit_rule("draco"))
     batch = {k: torch.as_tensor(v) for k, v in token_batch(credited.trajectories, credited.token_advantages,
                                                            pad_id=0).items()}
 

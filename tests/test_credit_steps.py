@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from draco_gym.algos.credit import apply_credit, get_credit_rule
-from draco_gym.types import GroupScore, Step, Task, Trajectory, TrajectoryScore, Verdict
+from draco_gym.types import GroupScore, RolloutGroup, Step, Task, Trajectory, TrajectoryScore, Verdict
 
 TASK = Task(id="t", instruction="What is the order total?")
 
@@ -84,7 +84,7 @@ def test_gap_mode_gives_the_closing_turn_no_advantage():
     winner, loser = closing_trajectory(), closing_trajectory()
     group = group_of(winner, loser).model_copy(update={"scores": [
         TrajectoryScore.from_verdicts(VERDICTS), TrajectoryScore(reward=-1.0)]})
-    batch = apply_credit([{"trajectories": [winner, loser], "score": group}], rule)
+    batch = apply_credit([RolloutGroup(task_id=TASK.id, trajectories=[winner, loser], score=group)], rule)
     assert batch.token_advantages[0][-4:] == [0.0] * 4 and batch.token_advantages[1][-4:] == [0.0] * 4
 
 
@@ -92,7 +92,7 @@ def test_citations_of_turns_without_code_are_counted():
     # VERDICTS cite the closing turn once; two trajectories carry them: 2 citations reach no
     # step under "trajectory" and "gap", none under "attach" (they join step 2).
     winner, other = closing_trajectory(), closing_trajectory()
-    groups = [{"trajectories": [winner, other], "score": group_of(winner, other)}]
+    groups = [RolloutGroup(task_id=TASK.id, trajectories=[winner, other], score=group_of(winner, other))]
     assert apply_credit(groups, get_credit_rule("draco")).uncredited_citations == 2
     assert apply_credit(groups, get_credit_rule("draco", turns_without_code="gap")).uncredited_citations == 2
     assert apply_credit(groups, get_credit_rule("draco", turns_without_code="attach")).uncredited_citations == 0
@@ -117,7 +117,7 @@ def test_the_papers_inert_share_counts_unanimous_rollouts():
               TrajectoryScore.from_verdicts([v(-1, 1)]),
               TrajectoryScore.from_verdicts([])]
     trajs = [traj([10, 10]), traj([10, 30]), traj([10, 10]), traj([10, 10])]
-    batch = apply_credit([{"trajectories": trajs, "score": GroupScore(scores=scores)}], get_credit_rule("draco"))
+    batch = apply_credit([RolloutGroup(task_id=TASK.id, trajectories=trajs, score=GroupScore(scores=scores))], get_credit_rule("draco"))
     assert [s.reward for s in scores] == [0.5, 1.0, -1.0, 0.0]
     a_2 = batch.group_advantages[0][1]
     assert batch.step_advantages[1] == pytest.approx([2 * a_2, 2 / 3 * a_2])
@@ -125,7 +125,7 @@ def test_the_papers_inert_share_counts_unanimous_rollouts():
     assert batch.inert_credit_share == 0.5
     # the outcome reward has no verdicts: every rollout is unanimous in the paper's sense
     outcome = GroupScore(scores=[TrajectoryScore(reward=1.0), TrajectoryScore(reward=0.0)])
-    plain = apply_credit([{"trajectories": trajs[:2], "score": outcome}], get_credit_rule("uniform"))
+    plain = apply_credit([RolloutGroup(task_id=TASK.id, trajectories=trajs[:2], score=outcome)], get_credit_rule("uniform"))
     assert plain.paper_inert_share == 1.0
 
 
@@ -141,7 +141,8 @@ def test_tokens_of_the_closing_message_get_a_i_through_apply_credit():
     winner, loser = closing_trajectory(), closing_trajectory()
     group = group_of(winner, loser).model_copy(update={"scores": [
         TrajectoryScore.from_verdicts(VERDICTS), TrajectoryScore(reward=-1.0)]})
-    batch = apply_credit([{"trajectories": [winner, loser], "score": group}], get_credit_rule("draco"))
+    batch = apply_credit([RolloutGroup(task_id=winner.task.id, trajectories=[winner, loser], score=group)],
+                         get_credit_rule("draco"))
     a_win, a_lose = batch.group_advantages[0]
     tokens = batch.token_advantages[0]
     assert tokens[:2] == [0.0, 0.0] and tokens[42] == 0.0  # prompt and observation: gap tokens

@@ -14,13 +14,13 @@ import yaml
 from draco_gym.algos.cli.eval import last_checkpoints, resolve_checkpoints
 from draco_gym.algos.evaluation import eval_summary, mean_summary
 from draco_gym.cli import main
-from draco_gym.types import Task, Trajectory
+from draco_gym.types import RolloutGroup, Task, Trajectory
 
 
-def _group(task_id: str, wins: list[bool]) -> dict:
+def _group(task_id: str, wins: list[bool]) -> RolloutGroup:
     task = Task(id=task_id, instruction="x")
-    return {"task_id": task_id,
-            "trajectories": [Trajectory(task=task, termination="no_code", metrics={"success": w}) for w in wins]}
+    return RolloutGroup(task_id=task_id,
+                        trajectories=[Trajectory(task=task, termination="no_code", metrics={"success": w}) for w in wins])
 
 
 def test_pass_hat_k_over_three_runs_and_sgc_by_hand():

@@ -8,6 +8,7 @@ import pytest
 import draco_gym  # noqa: F401
 from draco_gym.algos.evaluation import (comparison_notes, difference, episode_summary, no_update_note, wilson)
 from draco_gym.reward import build_reward
+from draco_gym.types import RolloutGroup
 
 
 def corridor_groups(door_plays, task="corridor-1", score=True):
@@ -20,7 +21,8 @@ def corridor_groups(door_plays, task="corridor-1", score=True):
             if done or cut:
                 break
         trajs.append(env.unwrapped.trajectory())
-    group = {"trajectories": trajs, "score": build_reward("corridor").score_group(trajs[0].task, trajs) if score else None}
+    group = RolloutGroup(task_id=task, trajectories=trajs,
+                         score=build_reward("corridor").score_group(trajs[0].task, trajs) if score else None)
     return [group]
 
 
@@ -82,6 +84,6 @@ def test_rubric_pass_rate_counts_the_criteria_dropout_removed():
     assert [c.title for c in score.criteria] == ["Is brief"] and set(score.dropped) == {"Solves", "Cites data"}
     assert [s.dropped_passes for s in score.scores] == [1, 1] and score.rewards == [1.0, -1.0]
     task = Task(id="t", instruction="do it")
-    groups = [{"trajectories": [Trajectory(task=task), Trajectory(task=task)], "score": score}]
+    groups = [RolloutGroup(task_id="t", trajectories=[Trajectory(task=task), Trajectory(task=task)], score=score)]
     rate = episode_summary(groups)["rubric_pass_rate"]
     assert (rate["k"], rate["n"]) == (3, 4)

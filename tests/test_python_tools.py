@@ -200,6 +200,8 @@ def test_bad_configuration_and_reset_options():
         PythonToolsEnv(tools=[lambda: 1], tasks=TASKS)
     with pytest.raises(ValueError, match="needs tasks"):
         PythonToolsEnv(tools=[add], tasks=[])
+    with pytest.raises(ValueError, match="tool 'draco_gym.envs.shop:no_such': module .* has no attribute"):
+        PythonToolsEnv(tools=["draco_gym.envs.shop:no_such"], tasks=TASKS)
     with pytest.raises(ValueError, match="end_rule must be one of"):
         PythonToolsEnv(tools=[add], tasks=TASKS, end_rule="never")
     e = PythonToolsEnv(tools=[add], tasks=TASKS)

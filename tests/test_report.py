@@ -17,6 +17,7 @@ import pytest
 
 from draco_gym import report
 from draco_gym.cli import main
+from draco_gym.types import Step
 from report_fixtures import GUESSES, HOSTILE_CRITERION, HOSTILE_TEXT, READS_TOTAL, write_hand_made_run
 
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -379,9 +380,9 @@ def test_token_arrays_are_skipped_but_text_that_names_them_is_kept(tmp_path):
     assert len(groups) == 2  # the second line restarts at index 0: a new group
     for group in groups:
         (_, parsed), = group.rows
-        assert parsed["trajectory"]["steps"][0]["text"] == sneaky
-        assert parsed["trajectory"]["steps"][0]["observation"] == "]"
-        assert not {"token_ids", "token_step", "token_logprobs"} & set(parsed["trajectory"])
+        assert parsed.trajectory.steps[0].text == sneaky and parsed.trajectory.steps[0].code == sneaky
+        assert parsed.trajectory.steps[0].observation == "]"
+        assert parsed.trajectory.token_ids == parsed.trajectory.token_step == parsed.trajectory.token_logprobs == []
 
 
 def test_the_report_command_loads_no_training_or_reward_layer(tmp_path):
@@ -478,12 +479,12 @@ def test_a_turn_without_code_is_labelled_for_what_it_was():
                 "info": {"parse": {"n_blocks": 0, "error": "a code block was opened but never closed"}}}
     closing = {"text": "Done.", "code": None, "observation": "", "info": {"parse": {"n_blocks": 0, "error": None}}}
     said = {"text": "Which order?", "code": None, "observation": "User: O1", "info": {}}
-    detail = lambda step, last: report._step_detail(step, last, None, "line 1", limits)["nocode"]  # noqa: E731
+    detail = lambda step, last: report._step_detail(Step(index=1, **step), last, None, "line 1", limits)["nocode"]  # noqa: E731
     assert detail(unclosed, False) == detail(unclosed, True) == \
         "malformed reply (a code block was opened but never closed)"
     assert detail(closing, True) == "closing message"
     assert detail(said, False) == "message without code"
-    assert report._step_detail({**closing, "code": "x = 1"}, True, None, "l", limits)["nocode"] is None
+    assert report._step_detail(Step(index=1, **{**closing, "code": "x = 1"}), True, None, "l", limits)["nocode"] is None
     script = os.path.join(os.path.dirname(report.__file__), "report_assets", "report.js")
     with open(script) as fh:
         assert "'no code: ' + (s.nocode" in fh.read()  # the page shows the label

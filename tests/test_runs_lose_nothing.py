@@ -24,7 +24,7 @@ from draco_gym.algos.checkpoints import (MARKER, CheckpointError, copy_checkpoin
                                          problems, require_complete, resume_point, seal, staging_dir)
 from draco_gym.algos.run_folder import continue_logs
 from draco_gym.cli import main
-from draco_gym.records import RecordError, RecordReader, append_records, read_records
+from draco_gym.records import RecordError, RecordReader, append_records, read_records, write_json
 
 TESTS = Path(__file__).resolve().parent
 
@@ -518,3 +518,12 @@ def test_sigkill_mid_checkpoint_and_between_iterations_then_resume(tiny_model, t
     assert len(tune_rows) == len(set(tune_rows)) and {3, 4} <= set(tune_rows) <= {1, 2, 3, 4}, tune_rows
     print(f"TensorBoard steps {sorted(steps)}, Tune result.json rows {sorted(tune_rows)}")
     assert require_complete(out / "checkpoint").iteration == 4
+
+
+def test_a_json_file_is_replaced_whole_or_not_at_all(tmp_path):
+    path = tmp_path / "summary.json"
+    write_json(path, {"eval": {"after": 0.5}})
+    with pytest.raises(TypeError):
+        write_json(path, {"eval": {"after": 0.75}, "model": object()})  # fails halfway through the dump
+    assert json.loads(path.read_text()) == {"eval": {"after": 0.5}}
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]

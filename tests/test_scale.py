@@ -94,7 +94,7 @@ def test_two_env_runners_sample_every_task_once_with_the_newest_weights(ray_four
 
         # Fewer tasks than runners: one runner sits out, the task is still sampled once.
         groups = algo.rollout(["corridor-2"], group_size=2, score=False)
-        assert [g["task_id"] for g in groups] == ["corridor-2"] and len(groups[0]["trajectories"]) == 2
+        assert [g.task_id for g in groups] == ["corridor-2"] and len(groups[0].trajectories) == 2
     finally:
         algo.stop()
 
@@ -111,7 +111,7 @@ def test_two_learners_update_equals_one_learner(ray_four_actors, tiny_model):
         assert all(weights_digest(s) == weights_digest(before) for s in learner_states(two)), \
             "both runs must start from the same adapter"
         groups, _ = two.sample(two.sample_tasks(0), seed=5)
-        two.score(groups)
+        groups, _ = two.score(groups)
         batch = apply_credit(groups, two.credit_rule())
         assert len(batch.trajectories) == 9 and np.abs(np.concatenate(batch.token_advantages)).max() > 0
 

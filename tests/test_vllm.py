@@ -115,7 +115,7 @@ def test_grpo_iterations_with_the_vllm_sampler_checkpoint_resume_and_eval(ray_vl
         assert second["learners"]["__all_modules__"]["sampler_logp_max_abs_diff"] < TOLERANCE
         assert second["learners"]["__all_modules__"]["sampler_ratio_max_abs_dev"] < TOLERANCE
         greedy = algo.rollout([algo._task_ids[0]], group_size=2, temperature=0.0, score=False)
-        first_ids, second_ids = (t.token_ids for t in greedy[0]["trajectories"])
+        first_ids, second_ids = (t.token_ids for t in greedy[0].trajectories)
         assert first_ids == second_ids, "temperature 0 through the same engine is greedy"
     finally:
         algo.stop()

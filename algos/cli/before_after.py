@@ -9,8 +9,9 @@ with ``draco_gym.algos.evaluation.episode_summary``'s rates and their 95% interv
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from draco_gym.records import write_json
 
 
 def eval_setup(config):
@@ -57,5 +58,5 @@ def write_summary(out_dir: str | Path, before: dict, after: dict, rows: list[dic
     if note:
         notes.insert(0, note)
     summary = {"eval": {"before": before, "after": after}, "notes": notes, "iterations": len(rows)}
-    Path(out_dir, "summary.json").write_text(json.dumps(summary, indent=2))
+    write_json(Path(out_dir, "summary.json"), summary)
     return summary

@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 from draco_gym.algos.evaluation import eval_summary, mean_summary
+from draco_gym.records import write_json
 
 BASE = "base"
 LAST = "last"
@@ -153,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     if single:
         summary.update(checkpoint=args.checkpoint[0], **next(iter(next(iter(splits.values()))["checkpoints"].values())))
     summary["splits"] = splits
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_json(out / "summary.json", summary)
     print(json.dumps({k: v for k, v in summary.items() if k != "splits"} if single else
                      {"protocol": summary["protocol"], "mean": {s: v["mean"] for s, v in splits.items()}}, indent=2))
     return 0

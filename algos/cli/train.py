@@ -24,10 +24,11 @@ and feeds the trackers of ``logging:``; the run adds one progress line per itera
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
+
+from draco_gym.records import write_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     print(memory.report(), flush=True)
     out = Path(config.output_dir)
     if out.is_dir():
-        (out / "memory.json").write_text(json.dumps(memory.summary(), indent=1))
+        write_json(out / "memory.json", memory.summary())
     return code
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from draco_gym.algos.credit.core import group_advantages, token_advantages
 from draco_gym.algos.credit.core import CreditRule
-from draco_gym.types import Trajectory, TrajectoryScore
+from draco_gym.types import RolloutGroup, Trajectory, TrajectoryScore
 
 
 @dataclass
@@ -54,13 +54,15 @@ def unanimous(score: TrajectoryScore | None) -> bool:
     return score.p == 0 or score.f == 0
 
 
-def apply_credit(groups: Sequence[dict], rule: CreditRule) -> CreditedBatch:
-    """``groups`` as the env runners return them: ``{"trajectories": [...], "score": GroupScore}``."""
+def apply_credit(groups: Sequence[RolloutGroup], rule: CreditRule) -> CreditedBatch:
+    """``groups``: scored groups (the reward has run on each)."""
     trajectories, per_group, step_adv, token_adv = [], [], [], []
     inert = nonzero = agreeing = uncredited = 0
     count_uncredited = getattr(rule, "uncredited_citations", None)
     for group in groups:
-        trajs, score = group["trajectories"], group["score"]
+        trajs, score = group.trajectories, group.score
+        if score is None:
+            raise ValueError(f"group of task {group.task_id!r} is not scored: credit needs its verdicts")
         advantages = group_advantages(score.rewards)
         per_group.append(advantages)
         scores = list(score.scores) or [None] * len(trajs)

@@ -172,6 +172,7 @@ def check_policy(model_dir: str | Path, make_env: Callable[[], Any], task_ids: S
     from draco_gym.algos.policy.generation import TorchSampler
     from draco_gym.algos.policy.lm import load_causal_lm
     from draco_gym.algos.policy.rollout import Episode, run_episodes
+    from draco_gym.types import RolloutGroup
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     chat = ChatFormat.from_tokenizer(tokenizer)
@@ -191,7 +192,7 @@ def check_policy(model_dir: str | Path, make_env: Callable[[], Any], task_ids: S
     finally:
         for env in envs:
             env.close()
-    summary = episode_summary([{"task_id": t.task.id, "trajectories": [t]} for t in trajectories])
+    summary = episode_summary([RolloutGroup(task_id=t.task.id, trajectories=[t]) for t in trajectories])
     return {**summary, "tasks": list(dict.fromkeys(task_ids)), "episodes_per_task": episodes_per_task,
             "temperature": temperature, "verdict": warm_start_verdict(summary)}
 

@@ -3,8 +3,9 @@
 RLlib's stock ``SingleAgentEnvRunner`` cannot serve here: it treats a ``Text`` observation
 as a sequence and splits it into characters, and it cannot choose the task at reset. This
 runner owns a pool of environments, a sampling copy of the policy (LoRA state synced from
-the learner) and the reward; ``sample`` returns whole groups of episodes, ``score`` scores
-the groups this runner just sampled, and the driver turns them into credit and a batch.
+the learner) and the reward; ``sample`` returns whole groups of episodes (``RolloutGroup``),
+``score`` returns the groups it is given with their scores, and the driver turns them into
+credit and a batch.
 
 Scoring happens here, next to the rollouts: groups of different runners are judged in
 parallel, and a self-judging reward can use this runner's copy of the policy.
@@ -22,7 +23,7 @@ from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.checkpoints import Checkpointable
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
-from draco_gym.types import Trajectory
+from draco_gym.types import RolloutGroup, Trajectory
 
 from draco_gym.algos.policy.chat import ChatFormat, eos_token_ids
 from draco_gym.algos.config import EpisodeLimits
@@ -119,7 +120,6 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self._weights_seq_no = 0
         self._envs: list = []
         self._reward = None
-        self._sampled: list[dict] = []
         self._probe = self._make_env()
         self.module = config.get_rl_module_spec(spaces=self.get_spaces(), inference_only=True).build()
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
@@ -170,8 +170,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     def sample(self, *, tasks: list[str], group_size: int, seed: int, temperature: float | None = None,
                **kwargs) -> dict:
         """G episodes of each task, batched into one sampling call per turn. Returns the
-        groups (``task_id``, ``trajectories``), timings and token counts; ``score`` scores
-        them next."""
+        groups (unscored), timings and token counts."""
         t0 = time.perf_counter()
         sampler = self.sampler if temperature is None else self._make_sampler(temperature)
         self._ensure_envs(len(tasks) * group_size)
@@ -183,10 +182,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         stats: dict = {}
         trajectories = run_episodes(episodes, sampler, self.chat, limits, seed=seed, stats=stats)
         t_rollout = time.perf_counter() - t0
-        self._sampled = [{"task_id": task, "trajectories": trajectories[i * group_size : (i + 1) * group_size]}
-                         for i, task in enumerate(tasks)]
+        groups = [RolloutGroup(task_id=task, trajectories=trajectories[i * group_size : (i + 1) * group_size])
+                  for i, task in enumerate(tasks)]
         return {
-            "groups": self._sampled,
+            "groups": groups,
             "timers": {"generation": stats["sampling_s"], "env": t_rollout - stats["sampling_s"]},
             "generated_tokens": stats["sampled_tokens"],
             WEIGHTS_SEQ_NO: self._weights_seq_no,
@@ -194,12 +193,12 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             "node_id": ray.get_runtime_context().get_node_id(),
         }
 
-    def score(self) -> dict:
-        """One reward call per group this runner sampled last: their ``GroupScore`` in the
-        same order, and the seconds it took."""
+    def score(self, *, groups: list[RolloutGroup]) -> dict:
+        """One reward call per group: the groups with their ``GroupScore``, in the same order,
+        and the seconds it took."""
         t0 = time.perf_counter()
-        scores = [self.reward.score_group(g["trajectories"][0].task, g["trajectories"]) for g in self._sampled]
-        return {"scores": scores, "seconds": time.perf_counter() - t0}
+        scored = [group.with_score(self.reward.score_group(group.task, group.trajectories)) for group in groups]
+        return {"groups": scored, "seconds": time.perf_counter() - t0}
 
     def continue_from(self, task_id: str, messages: list[str], k: int, seed: int = 0) -> list[Trajectory]:
         """K continuations of ``task_id`` after replaying ``messages`` (ProVer's restarts),

@@ -54,6 +54,7 @@ from draco_gym.algos.rllib.module import HFPolicyModule
 from draco_gym.algos.rllib.reporting import OUTCOME, PHASES, MetricsLog, RolloutLog, iteration_metrics
 from draco_gym.metrics import reward_outcome_divergence
 from draco_gym.reward.judge_health import DeadJudge, dead_judge
+from draco_gym.types import RolloutGroup
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +226,7 @@ class GRPO(Algorithm):
         timers: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         start = time.perf_counter()
         groups, sampled = self.sample(self.sample_tasks(self.iteration), seed=self._iteration_seed(self.iteration))
-        scored = self.score(groups)
+        groups, scored = self.score(groups)
         self._stop_on_dead_judge(groups)
         with _timed(timers, "credit"):
             batch = apply_credit(groups, self.credit_rule())
@@ -240,11 +241,11 @@ class GRPO(Algorithm):
         self._watch_reward_against_outcome(metrics)
         self._log(metrics)
 
-    def _stop_on_dead_judge(self, groups: list[dict]) -> None:
+    def _stop_on_dead_judge(self, groups: list[RolloutGroup]) -> None:
         """A judge that answers nothing would zero every reward in silence (the policy then
         learns nothing, or learns from the fallback): the run stops, naming the server, when
         each of the last ``reward.dead_judge_groups`` groups had every judge request fail."""
-        self._judged.extend(group["score"] for group in groups)
+        self._judged.extend(group.score for group in groups)
         message = dead_judge(list(self._judged), k=self.config.dead_judge_groups)
         if message is not None:
             raise DeadJudge(message)
@@ -276,26 +277,17 @@ class GRPO(Algorithm):
         return int(np.random.default_rng([self.config.seed or 0, iteration, 1]).integers(2**31 - 1))
 
     def sample(self, tasks: list[str], *, seed: int, temperature: float | None = None,
-               group_size: int | None = None) -> tuple[list[dict], dict]:
+               group_size: int | None = None) -> tuple[list[RolloutGroup], dict]:
         """G episodes of each task with the current policy, the tasks sharded over the env
-        runners. Returns the groups (``task_id``, ``trajectories``) and the slowest runner's
-        phase times (runners work in parallel) and the tokens generated."""
-        healthy = self.env_runner_group.healthy_env_runner_ids()
-        if not healthy:
-            raise RuntimeError("no healthy env runner to sample with")
-        # Consecutive tasks per runner, as even as they divide; a runner left without a task
-        # (fewer tasks than runners) is not called.
-        shards = [list(s) for s in np.array_split(np.asarray(tasks, dtype=object), len(healthy))]
-        ids, shards = zip(*[(i, shard) for i, shard in zip(healthy, shards) if shard])
+        runners. Returns the groups (unscored, in task order) and the slowest runner's phase
+        times (runners work in parallel) and the tokens generated."""
+        ids, shards = _shard(self.env_runner_group, tasks)
         # Exactly one kwargs dict per actor: foreach_env_runner drops the dicts beyond that.
         kwargs = [{"tasks": shard, "group_size": group_size or self.config.group_size, "seed": seed + 7919 * i,
                    "temperature": temperature} for i, shard in enumerate(shards)]
         outs = self.env_runner_group.foreach_env_runner("sample", local_env_runner=False, remote_worker_ids=list(ids),
                                                         kwargs=kwargs)
-        if len(outs) != len(ids):  # a runner lost without a Ray error (a dead one raises its own)
-            raise RuntimeError(f"{len(ids) - len(outs)} of {len(ids)} env runners returned no episodes; "
-                               "see the Ray logs (a runner killed by Ray's memory monitor says so there)")
-        self._sampled_on = list(ids)
+        _check_answered(outs, ids, "returned no episodes")
         # Which weights each runner sampled with: the newest, after a sync (tests check it).
         self.sampled_weights = {i: {"seq_no": out[WEIGHTS_SEQ_NO], "digest": out["weights_digest"],
                                     "node_id": out["node_id"]} for i, out in zip(ids, outs)}
@@ -303,17 +295,20 @@ class GRPO(Algorithm):
         groups = [g for out in outs for g in out["groups"]]
         return groups, {"timers": timers, "generated_tokens": sum(out["generated_tokens"] for out in outs)}
 
-    def score(self, groups: list[dict]) -> dict:
-        """Each env runner scores the groups it just sampled (in parallel; a self-judge uses
-        that runner's policy copy); the scores join their groups as ``group["score"]``."""
-        outs = self.env_runner_group.foreach_env_runner("score", local_env_runner=False,
-                                                        remote_worker_ids=self._sampled_on)
-        scores = [s for out in outs for s in out["scores"]]
-        if len(scores) != len(groups):
-            raise RuntimeError(f"the env runners scored {len(scores)} groups of the {len(groups)} they sampled")
-        for group, score in zip(groups, scores):
-            group["score"] = score
-        return {"judge": max((out["seconds"] for out in outs), default=0.0)}
+    def score(self, groups: list[RolloutGroup]) -> tuple[list[RolloutGroup], dict]:
+        """The groups with their scores (new groups; the given ones stay unscored) and the
+        slowest runner's judge seconds. The env runners score in parallel, the groups sharded
+        over them as ``sample`` shards tasks, so each runner scores the groups it sampled (a
+        self-judge judges with that runner's policy copy)."""
+        ids, shards = _shard(self.env_runner_group, groups)
+        outs = self.env_runner_group.foreach_env_runner("score", local_env_runner=False, remote_worker_ids=list(ids),
+                                                        kwargs=[{"groups": shard} for shard in shards])
+        _check_answered(outs, ids, "returned no scores")
+        scored = [g for out in outs for g in out["groups"]]
+        if [g.task_id for g in scored] != [g.task_id for g in groups]:
+            raise RuntimeError(f"the env runners returned {len(scored)} scored groups for the {len(groups)} sent, "
+                               "not the same ones in the same order")
+        return scored, {"judge": max((out["seconds"] for out in outs), default=0.0)}
 
     def credit_rule(self):
         """The configured credit rule, built with the configured options plus what only the
@@ -493,12 +488,27 @@ class GRPO(Algorithm):
     # -- beyond training -----------------------------------------------------------------------
 
     def rollout(self, task_ids: list[str], *, group_size: int = 1, temperature: float | None = None,
-                score: bool = True, seed: int = 0) -> list[dict]:
+                score: bool = True, seed: int = 0) -> list[RolloutGroup]:
         """Episodes of the given tasks with the current policy, no update (evaluation)."""
         groups, _ = self.sample(list(task_ids), seed=seed, temperature=temperature, group_size=group_size)
-        if score:
-            self.score(groups)
-        return groups
+        return self.score(groups)[0] if score else groups
+
+
+def _shard(runners, items: list) -> tuple[tuple[int, ...], tuple[list, ...]]:
+    """Consecutive items per healthy env runner, as even as they divide; a runner left without
+    one (fewer items than runners) is not called."""
+    healthy = runners.healthy_env_runner_ids()
+    if not healthy:
+        raise RuntimeError("no healthy env runner to sample with")
+    cuts = np.array_split(np.arange(len(items)), len(healthy))
+    ids, shards = zip(*[(i, [items[k] for k in cut]) for i, cut in zip(healthy, cuts) if len(cut)])
+    return ids, shards
+
+
+def _check_answered(outs: list, ids: tuple[int, ...], what: str) -> None:
+    if len(outs) != len(ids):  # a runner lost without a Ray error (a dead one raises its own)
+        raise RuntimeError(f"{len(ids) - len(outs)} of {len(ids)} env runners {what}; see the Ray logs (a runner "
+                           "killed by Ray's memory monitor says so there)")
 
 
 def local_path(path) -> str:

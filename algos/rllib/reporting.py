@@ -22,6 +22,7 @@ import numpy as np
 from draco_gym.algos.config import RESULT_GROUPS, RESULT_TOP_KEYS, LoggingSection
 from draco_gym.metrics import outcome_agreement
 from draco_gym.records import append_records, read_records
+from draco_gym.types import RolloutGroup, RolloutRecord
 
 # The phases of one iteration, in order; each reports seconds as ``timers/phases/<phase>``.
 PHASES = ("generation", "env", "judge", "credit", "learner", "sync")
@@ -30,7 +31,7 @@ OUTCOME = "success"
 
 
 
-def iteration_metrics(groups: Sequence[dict], batch, timers: dict[str, float], total_s: float,
+def iteration_metrics(groups: Sequence[RolloutGroup], batch, timers: dict[str, float], total_s: float,
                       generated_tokens: int) -> dict[str, float]:
     """One iteration in numbers, keyed by their path in the result (``group/.../name``).
 
@@ -41,15 +42,14 @@ def iteration_metrics(groups: Sequence[dict], batch, timers: dict[str, float], t
     ``judge/`` the rubric and the judge's usage; ``credit/`` the credit rule's outcome;
     ``timers/phases/`` seconds per phase.
 
-    ``groups`` are the scored groups (``trajectories``, ``score``), ``batch`` their
-    ``CreditedBatch``; runners work in parallel, so ``timers`` hold the slowest one's.
+    ``groups`` are the scored groups, ``batch`` their ``CreditedBatch``; runners work in parallel, so ``timers`` hold the slowest one's.
     """
     returns, turns, terminations, env_metrics, usage = [], [], Counter(), {}, Counter()
     passes = fails = before = after = fallbacks = 0
     for group in groups:
-        score = group["score"]
+        score = group.score
         returns.extend(score.rewards)
-        for traj, ts in zip(group["trajectories"], score.scores):
+        for traj, ts in zip(group.trajectories, score.scores):
             terminations[traj.termination] += 1
             turns.append(len(traj.steps))
             passes, fails = passes + ts.p + ts.dropped_passes, fails + ts.f  # the whole rubric, dropped criteria too
@@ -63,7 +63,7 @@ def iteration_metrics(groups: Sequence[dict], batch, timers: dict[str, float], t
         usage.update({"calls": total.calls, "prompt_tokens": total.prompt_tokens,
                       "completion_tokens": total.completion_tokens, "cost": total.cost})
     n_groups, n = max(len(groups), 1), max(len(turns), 1)
-    agreement = outcome_agreement((g["score"].rewards, [t.metrics.get(OUTCOME) for t in g["trajectories"]])
+    agreement = outcome_agreement((g.score.rewards, [t.metrics.get(OUTCOME) for t in g.trajectories])
                                   for g in groups)
     step_credit = [abs(a) for per_step in batch.step_advantages for a in per_step]
     return {
@@ -80,14 +80,14 @@ def iteration_metrics(groups: Sequence[dict], batch, timers: dict[str, float], t
         "judge/criteria_before_dropout": before / n_groups,
         "judge/criteria_after_dropout": after / n_groups,
         "judge/fallbacks": fallbacks,
-        "judge/failed_requests": sum(len(g["score"].judge_failures) for g in groups),
+        "judge/failed_requests": sum(len(g.score.judge_failures) for g in groups),
         # tau-b of reward against outcome within groups: falling while the reward rises is a hack
         **({"judge/outcome_agreement": agreement} if agreement is not None else {}),
         "judge/calls": usage["calls"], "judge/prompt_tokens": usage["prompt_tokens"],
         "judge/completion_tokens": usage["completion_tokens"], "judge/cost": float(usage["cost"]),
         "credit/inert_share": batch.inert_credit_share,
         # groups whose rewards differ: with none, every advantage is 0 and nothing is learned
-        "credit/groups_with_spread": sum(float(np.std(g["score"].rewards)) > 1e-12 for g in groups),
+        "credit/groups_with_spread": sum(float(np.std(g.score.rewards)) > 1e-12 for g in groups),
         "credit/step_advantage_abs_mean": float(np.mean(step_credit)) if step_credit else 0.0,
         **{f"timers/phases/{phase}": seconds for phase, seconds in timers.items()},
         "timers/phases/other": max(total_s - sum(timers.values()), 0.0),
@@ -103,33 +103,25 @@ def _spread(name: str, values: Sequence[float]) -> dict[str, float]:
 
 
 class RolloutLog:
-    """``rollouts.jsonl``: every rollout, one JSON line each, with its verdicts and (in
-    training) its step credit: enough to replay and re-score later with another judge or
-    credit rule. Lines: ``task_id``, ``index`` (in its group), ``trajectory``, ``score``
-    (null when unscored), ``criteria`` (whole ``Criterion`` objects: title, origin, ...),
-    ``dropped``, ``fallbacks`` (of the group), and in
-    training ``iteration`` and ``step_advantages``."""
+    """``rollouts.jsonl``: every rollout, one ``RolloutRecord`` (``draco_gym.types``) a line,
+    with its verdicts and, in training, its step credit: enough to replay and re-score later
+    with another judge or credit rule. ``draco-gym report`` reads the same records."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
 
-    def write(self, groups: Sequence[dict], *, iteration: int | None = None,
+    def write(self, groups: Sequence[RolloutGroup], *, iteration: int | None = None,
               step_advantages: Sequence[Sequence[float]] | None = None) -> None:
-        credit = iter(step_advantages) if step_advantages is not None else None
-        lines = []
+        """``step_advantages``: one list per trajectory, in group order (``CreditedBatch``'s)."""
+        start, lines = 0, []
         for group in groups:
-            score = group.get("score")
-            for i, traj in enumerate(group["trajectories"]):
-                line: dict[str, Any] = {} if iteration is None else {"iteration": iteration}
-                line.update(task_id=group["task_id"], index=i, trajectory=traj.model_dump(mode="json"),
-                            score=score.scores[i].model_dump(mode="json") if score else None)
-                if score:
-                    line.update(criteria=[c.model_dump(mode="json") for c in score.criteria], dropped=score.dropped,
-                                fallbacks=score.fallbacks)
-                if credit is not None:
-                    line["step_advantages"] = next(credit)
-                lines.append(line)
+            end = start + len(group.trajectories)
+            credit = None if step_advantages is None else step_advantages[start:end]
+            start = end
+            lines += [record.model_dump(mode="json")
+                      for record in RolloutRecord.of_group(group, iteration=iteration, step_advantages=credit)]
         append_records(self.path, lines)  # each line whole, in one write; synced
+
 
 def compact(result: dict[str, Any]) -> dict[str, Any]:
     """The run's metrics out of an RLlib result, flat (``env_runners/episode_return_mean``,
