@@ -9,9 +9,13 @@ import pytest
 
 from draco_gym.reward import (
     FAMILIES,
+    FallbackKind,
     OutcomeReward,
     RuleRubricReward,
     TRLReward,
+    build_reward,
+    count_fallbacks,
+    fallback_kind,
     foundational_rewards,
     item_score,
     transition_items,
@@ -308,6 +312,29 @@ def test_outcome_reward():
     ratio = OutcomeReward(ratio=("tests_passed", "tests_total")).score_group(
         TASK, [Trajectory(task=TASK, metrics={"tests_passed": 3, "tests_total": 4})])
     assert ratio.rewards == [0.75]
+
+
+def test_an_outcome_fallback_is_the_environments_not_the_judges():
+    """An env result without ``success`` is counted as an outcome fallback, alone or inside
+    a weighted reward; a judge stage that got no usable answer is a judge fallback."""
+    scored = [Trajectory(task=TASK, metrics=m) for m in ({"success": True}, {})]
+    alone = OutcomeReward().score_group(TASK, scored)
+    assert alone.fallbacks == ["outcome[2]: metric 'success' missing or not a number; reward set to 0"]
+    assert count_fallbacks([alone]) == {FallbackKind.JUDGE: 0, FallbackKind.OUTCOME: 1}
+    mixed = build_reward("weighted", parts=[{"name": "outcome", "weight": 1.0}, {"name": "rule", "weight": 0.25}])
+    in_weighted = mixed.score_group(TASK, [MESSY.model_copy(update={"metrics": {}}), CLEAN])
+    assert in_weighted.fallbacks[0].startswith("outcome: outcome[1]: ")
+    assert count_fallbacks([in_weighted]) == {FallbackKind.JUDGE: 0, FallbackKind.OUTCOME: 2}
+    # a judge that answers prose: every stage falls back, each counted as the judge's
+    judged = build_reward("weighted", parts=[
+        {"name": "dynamic", "weight": 1.0, "options": {"judge": {"name": "function", "target": lambda m: "no idea"},
+                                                       "retries": 0, "max_repairs": 0}},
+        {"name": "outcome", "weight": 1.0}]).score_group(TASK, [MESSY, CLEAN])
+    kinds = [fallback_kind(f) for f in judged.fallbacks]
+    assert kinds.count(FallbackKind.OUTCOME) == 2 and kinds.count(FallbackKind.JUDGE) >= 1
+    assert all(f.startswith("dynamic: ") for f, k in zip(judged.fallbacks, kinds) if k is FallbackKind.JUDGE)
+    counts = count_fallbacks([alone, judged])
+    assert counts == {FallbackKind.JUDGE: kinds.count(FallbackKind.JUDGE), FallbackKind.OUTCOME: 3}
 
 
 def test_trl_adapter_groups_adjacent_completions():
