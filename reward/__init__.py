@@ -20,7 +20,16 @@ propose, augment, merge, score, attribute, ...); a stage asks the judge client
 """
 
 from draco_gym.reward.answers import InvalidAnswer
-from draco_gym.reward.base import REWARDS, RubricReward, build_reward, discriminative_dropout, finalize_group
+from draco_gym.reward.base import (
+    REWARDS,
+    FallbackKind,
+    RubricReward,
+    build_reward,
+    count_fallbacks,
+    discriminative_dropout,
+    fallback_kind,
+    finalize_group,
+)
 from draco_gym.reward.combined import WeightedReward
 from draco_gym.reward.corridor import CorridorReward
 from draco_gym.reward.dynamic import DynamicRubricReward
@@ -51,6 +60,7 @@ __all__ = [
     "CorridorReward",
     "DiskCache",
     "DynamicRubricReward",
+    "FallbackKind",
     "FunctionJudge",
     "InvalidAnswer",
     "Judge",
@@ -73,8 +83,10 @@ __all__ = [
     "build_judge",
     "build_reward",
     "combine_samples",
+    "count_fallbacks",
     "dead_judge",
     "discriminative_dropout",
+    "fallback_kind",
     "finalize_group",
     "foundational_rewards",
     "item_score",

@@ -5,14 +5,18 @@
 
 ``group.scores[i]`` holds trajectory i's surviving verdicts (score, cited 1-based steps,
 evidence, justification), p, f and R_i; ``group.usage`` the judge cost per stage;
-``group.fallbacks`` every stage that failed and what was done instead.
+``group.fallbacks`` every stage that failed and what was done instead; ``fallback_kind``
+says whose failure each was (the judge's, or the environment's missing outcome) and
+``count_fallbacks`` counts them by kind.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
+from enum import StrEnum
 from typing import Any
 
 from draco_gym.registry import Registry
@@ -73,6 +77,43 @@ class RubricReward:
             return await coroutine
         finally:
             await self.aclose()
+
+
+class FallbackKind(StrEnum):
+    """Whose failure a fallback covers. A run with no judge has no judge fallback: an
+    environment result without the outcome metric is the environment's, counted apart."""
+
+    JUDGE = "judge"
+    """a judge stage got no usable answer, and its result was replaced (the static rubric,
+    verdicts without citations, a zeroed group)"""
+    OUTCOME = "outcome"
+    """the environment's result had no usable outcome metric, and that reward was set to 0"""
+
+
+OUTCOME_STAGE = "outcome"
+"""The stage name of the outcome reward's fallbacks, ``outcome[i]: ...`` (no judge stage has it)."""
+_OUTCOME_FALLBACK = re.compile(rf"(?:[\w-]+: )*{OUTCOME_STAGE}\[\d+\]: ")
+"""An outcome fallback, also under the part labels a weighted reward puts in front (``outcome: ``)."""
+
+
+def outcome_fallback(index: int, problem: str) -> str:
+    """The fallback of trajectory ``index`` (1-based) whose outcome metric is missing or unusable."""
+    return f"{OUTCOME_STAGE}[{index}]: {problem}; reward set to 0"
+
+
+def fallback_kind(fallback: str) -> FallbackKind:
+    """Whose failure a ``GroupScore.fallbacks`` entry covers: the outcome reward's own
+    (``outcome_fallback``, also inside a weighted reward) or, for every other, the judge's."""
+    return FallbackKind.OUTCOME if _OUTCOME_FALLBACK.match(fallback) else FallbackKind.JUDGE
+
+
+def count_fallbacks(groups: Iterable[GroupScore]) -> dict[FallbackKind, int]:
+    """The fallbacks of ``groups`` by kind, every kind present (0 where none)."""
+    counts = dict.fromkeys(FallbackKind, 0)
+    for group in groups:
+        for fallback in group.fallbacks:
+            counts[fallback_kind(fallback)] += 1
+    return counts
 
 
 def check_group(task: Task, trajectories: Sequence[Trajectory]) -> list[Trajectory]:

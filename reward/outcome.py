@@ -3,7 +3,8 @@
 R_i is read from ``Trajectory.metrics[metric]`` (a bool, or a number such as the
 fraction of AppWorld tests passed). It carries no step evidence, so the group has no
 criteria or verdicts and DRACO credit falls back to uniform, exactly GRPO with an outcome
-reward. A trajectory without a usable value gets R_i = 0 and a recorded fallback.
+reward. A trajectory without a usable value gets R_i = 0 and a recorded fallback of the
+outcome's own kind (``FallbackKind.OUTCOME``): no judge failed.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from draco_gym.metrics import finite_number
-from draco_gym.reward.base import REWARDS, RubricReward, check_group
+from draco_gym.reward.base import REWARDS, RubricReward, check_group, outcome_fallback
 from draco_gym.types import GroupScore, Task, Trajectory, TrajectoryScore
 
 
@@ -37,7 +38,7 @@ class OutcomeReward(RubricReward):
         for i, t in enumerate(trajectories):
             value, problem = self._value(t.metrics)
             if problem:
-                fallbacks.append(f"outcome[{i + 1}]: {problem}; reward set to 0")
+                fallbacks.append(outcome_fallback(i + 1, problem))
             scores.append(TrajectoryScore(reward=value))
         return GroupScore(scores=scores, fallbacks=fallbacks)
 

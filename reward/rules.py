@@ -44,10 +44,19 @@ is not an item: re-running an action covers nothing new, so TRCA's breakthrough 
 rise in coverage) gives it nothing, and that is where the paper scores it.
 
 A criterion's title says what passing means: a positive item PASSes if some step hit it
-(citing those steps) and otherwise FAILs at the last step that ran code (where the missing
-behaviour mattered most); an Invalidity item ("Writes no code that raises an error") PASSes
+(citing those steps) and otherwise FAILs citing no step (an omission: no step did it, so none
+is held responsible); an Invalidity item ("Writes no code that raises an error") PASSes
 citing the steps that ran code when no step hit it, and otherwise FAILs citing the steps
 that did.
+
+Why an omission cites nothing: DRACO's step quality Q_j counts only the verdicts that cite
+step j, so an uncited FAIL lowers R_i (and A_i) and leaves the redistribution over the steps
+as the steps' own verdicts decide it. Cited at one step, it would make that step carry the
+whole omission: a loser's step suppressed for what never happened, and a winner's other
+steps pushed harder (a short step that raised took 4.25 A_i per token in
+``tests/test_reward_rules.py::test_an_omission_moves_no_step_credit``; 2.83 A_i uncited).
+A judge has read the rollout and cites an absence where it mattered most (DRACO's stage 5);
+code that only sees which calls were made has no such place to point at.
 
 Public pieces, for TRCA credit and any other consumer:
 
@@ -334,15 +343,14 @@ def _had_error(trajectory: Trajectory) -> bool:
 def rule_verdicts(trajectory: Trajectory, library: RuleLibrary | None = None) -> list[Verdict]:
     """One verdict per rule item (in the library's criteria order), citing the steps behind it.
 
-    A positive item never hit FAILs at the last step that ran code: the action that ended
-    the work without it (the closing message after it did nothing). "After a failed step,
-    takes one that works" is not applicable when nothing failed.
+    A positive item never hit FAILs citing no step: an omission moves R_i, never one step's
+    credit (see the module docstring). "After a failed step, takes one that works" is not
+    applicable when nothing failed.
     """
     library = library or rule_library(trajectory.task)
     hits = library.transition_items(trajectory)
     n = len(trajectory.steps)
     with_code = [j + 1 for j in range(n) if trajectory.steps[j].code is not None] or list(range(1, n + 1))
-    last_action = [with_code[-1]] if n else []
     verdicts = []
     for family, spec in library.families.items():
         for item in spec.items:
@@ -354,8 +362,8 @@ def rule_verdicts(trajectory: Trajectory, library: RuleLibrary | None = None) ->
                 elif item == "recovers_from_error" and not _had_error(trajectory):
                     verdicts.append(Verdict(criterion=title, score=0, evidence="no step failed"))
                 else:
-                    verdicts.append(Verdict(criterion=title, score=-1, cited_steps=last_action,
-                                            evidence="never hit", justification="missing when the agent stopped acting"))
+                    verdicts.append(Verdict(criterion=title, score=-1, evidence="never hit",
+                                            justification="an omission: no step did it"))
             elif steps:
                 verdicts.append(Verdict(criterion=title, score=-1, cited_steps=steps, evidence=f"hit at steps {steps}"))
             else:

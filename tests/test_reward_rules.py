@@ -9,14 +9,19 @@ import pytest
 
 from draco_gym.reward import (
     FAMILIES,
+    FallbackKind,
     OutcomeReward,
     RuleRubricReward,
     TRLReward,
+    build_reward,
+    count_fallbacks,
+    fallback_kind,
     foundational_rewards,
     item_score,
     transition_items,
 )
 from draco_gym.reward.rules import RULE_CRITERIA, rule_library, rule_verdicts
+from draco_gym.algos.credit import get_credit_rule, group_advantages
 from draco_gym.envs.shop import purchase_tasks
 from draco_gym.types import TOOL_CALLS, Step, Task, Trajectory
 
@@ -105,8 +110,8 @@ def test_rule_verdicts_cite_steps():
     assert verdicts["Writes no malformed code block"] == (-1, [4])
     assert verdicts["Leaves no turn without code before the end"] == (1, [1, 2, 3, 5, 6])  # passed: the steps with code
     clean = {v.criterion: (v.score, v.cited_steps) for v in rule_verdicts(CLEAN)}
-    assert clean["Reads the API documentation"] == (-1, [1])  # omission: cited at the last action
-    assert clean["Gets a result from a tool"] == (-1, [1])  # it only submitted
+    assert clean["Reads the API documentation"] == (-1, [])  # an omission: no step is cited
+    assert clean["Gets a result from a tool"] == (-1, [])  # it only submitted
     assert clean["After a failed step, takes one that works"] == (0, [])  # nothing failed: not applicable
     # a title says what passing means: the clean rollout raised nothing and PASSes it
     assert clean["Writes no code that raises an error"] == (1, [1])
@@ -147,8 +152,66 @@ def test_rule_reward_with_dropout_by_hand():
     # MESSY: P P F F F -> -1/5;  CLEAN: F F P P P -> +1/5
     assert group.rewards == pytest.approx([-1 / 5, 1 / 5])
     assert group.scores[0].step_counts(7) == ([1, 0, 0, 0, 1, 0, 0], [0, 2, 2, 1, 0, 0, 0])
-    assert group.scores[1].step_counts(2) == ([3, 0], [2, 0])
+    assert group.scores[1].step_counts(2) == ([3, 0], [0, 0])  # its two FAILs are omissions
     assert group.fallbacks == [] and group.usage == {}
+
+
+# -- an omission: a criterion failed because something never happened ------------------------
+
+AUTHOR = Task(id="author-1", instruction='Who wrote "Salt Harbour"? Submit the name.',
+              metadata={"operators": {"evidence": ["find_book", "get_author"], "execution": ["submit"]}})
+
+
+def sized(j, n_tokens, code, *, exec_error=None, calls=()):
+    return step(j, f"```python\n{code}\n```", code, "", exec_error=exec_error, calls=list(calls)).model_copy(
+        update={"n_tokens": n_tokens})
+
+
+# The winner: a short step (8 tokens) that raised, then a long one (60) that found the book
+# and was cut off before it asked for the author or submitted. The loser: two steps that raised
+# (the first in a get_author call that failed).
+OMITS = Trajectory(task=AUTHOR, termination="length", steps=[
+    sized(1, 8, "bok", exec_error="NameError"),
+    sized(2, 60, 'book = find_book("Salt Harbour")', calls=[call("find_book")])])
+RAISES = Trajectory(task=AUTHOR, termination="length", steps=[
+    sized(1, 40, "get_author(7)", exec_error="KeyError", calls=[call("get_author", ok=False)]),
+    sized(2, 40, "bok", exec_error="NameError")])
+
+
+def test_an_omission_fails_without_citing_a_step():
+    verdicts = {v.criterion: (v.score, v.cited_steps) for v in rule_verdicts(OMITS)}
+    assert verdicts["Gets data from get_author"] == (-1, [])  # never called: no step did it
+    assert verdicts["Calls submit"] == (-1, [])
+    assert verdicts["Gets data from find_book"] == (1, [2])
+    assert verdicts["Writes no code that raises an error"] == (-1, [1])  # a step did raise: cited
+
+
+def test_an_omission_moves_no_step_credit():
+    """Surviving criteria: find_book, get_author, submit, no raise, no failing tool call.
+    R = (2 - 3) / 5 = -0.2 for the winner, -1 for the loser: A = [+1, -1].
+
+    Winner, uncited omissions: step 1 PASS (no failing tool call) and FAIL (raised), Q_1 = 1/2;
+    step 2 PASS (find_book, no failing tool call), Q_2 = 1. N = 68, w = [1/2, 1], sum 3/2:
+    a_1 = 68 * 0.5 / (8 * 1.5) = 2.8333, a_2 = 68 / (60 * 1.5) = 0.7556 (totals 22.67 + 45.33 = 68).
+    With both omissions cited at the last code step, Q_2 = 2/4 and a_1 = 68 * 0.5 / 8 = 4.25
+    per token (4.25 A_i) for the step that raised: step 2 took the blame for what no step did."""
+    group = RuleRubricReward().score_group(AUTHOR, [OMITS, RAISES])
+    assert [c.title for c in group.criteria] == [
+        "Gets data from find_book", "Gets data from get_author", "Calls submit",
+        "Writes no code that raises an error", "Makes no tool call that fails"]
+    assert group.rewards == pytest.approx([-0.2, -1.0])
+    advantages = group_advantages(group.rewards)
+    assert advantages == pytest.approx([1.0, -1.0], rel=1e-5)
+    winner, loser = get_credit_rule("draco")([OMITS, RAISES], group, advantages)
+    assert winner == pytest.approx([68 * 0.5 / (8 * 1.5), 68 / (60 * 1.5)], rel=1e-5)
+    assert 8 * winner[0] + 60 * winner[1] == pytest.approx(68 * advantages[0])
+    # the loser's steps both raised (Q = 0): uniform suppression, omissions or not
+    assert loser == pytest.approx([-1.0, -1.0], rel=1e-5)
+    # the same credit as if the omitted criteria had no verdict at all: they reach R_i only
+    witnessed = [s.model_copy(update={"verdicts": [v for v in s.verdicts if v.cited_steps or v.score == 0]})
+                 for s in group.scores]
+    again = get_credit_rule("draco")([OMITS, RAISES], group.model_copy(update={"scores": witnessed}), advantages)
+    assert again[0] == pytest.approx(winner) and again[1] == pytest.approx(loser)
 
 
 # -- the red team's group: a comment naming a tool calls nothing ------------------------------
@@ -249,6 +312,29 @@ def test_outcome_reward():
     ratio = OutcomeReward(ratio=("tests_passed", "tests_total")).score_group(
         TASK, [Trajectory(task=TASK, metrics={"tests_passed": 3, "tests_total": 4})])
     assert ratio.rewards == [0.75]
+
+
+def test_an_outcome_fallback_is_the_environments_not_the_judges():
+    """An env result without ``success`` is counted as an outcome fallback, alone or inside
+    a weighted reward; a judge stage that got no usable answer is a judge fallback."""
+    scored = [Trajectory(task=TASK, metrics=m) for m in ({"success": True}, {})]
+    alone = OutcomeReward().score_group(TASK, scored)
+    assert alone.fallbacks == ["outcome[2]: metric 'success' missing or not a number; reward set to 0"]
+    assert count_fallbacks([alone]) == {FallbackKind.JUDGE: 0, FallbackKind.OUTCOME: 1}
+    mixed = build_reward("weighted", parts=[{"name": "outcome", "weight": 1.0}, {"name": "rule", "weight": 0.25}])
+    in_weighted = mixed.score_group(TASK, [MESSY.model_copy(update={"metrics": {}}), CLEAN])
+    assert in_weighted.fallbacks[0].startswith("outcome: outcome[1]: ")
+    assert count_fallbacks([in_weighted]) == {FallbackKind.JUDGE: 0, FallbackKind.OUTCOME: 2}
+    # a judge that answers prose: every stage falls back, each counted as the judge's
+    judged = build_reward("weighted", parts=[
+        {"name": "dynamic", "weight": 1.0, "options": {"judge": {"name": "function", "target": lambda m: "no idea"},
+                                                       "retries": 0, "max_repairs": 0}},
+        {"name": "outcome", "weight": 1.0}]).score_group(TASK, [MESSY, CLEAN])
+    kinds = [fallback_kind(f) for f in judged.fallbacks]
+    assert kinds.count(FallbackKind.OUTCOME) == 2 and kinds.count(FallbackKind.JUDGE) >= 1
+    assert all(f.startswith("dynamic: ") for f, k in zip(judged.fallbacks, kinds) if k is FallbackKind.JUDGE)
+    counts = count_fallbacks([alone, judged])
+    assert counts == {FallbackKind.JUDGE: kinds.count(FallbackKind.JUDGE), FallbackKind.OUTCOME: 3}
 
 
 def test_trl_adapter_groups_adjacent_completions():
