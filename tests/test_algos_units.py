@@ -254,6 +254,19 @@ def _group(tiny, env):
     return trajs, GroupScore(criteria=criteria, scores=scores)
 
 
+def test_an_outcome_fallback_is_not_counted_as_the_judges(tiny, env):
+    """An episode whose env reported no ``success`` is the outcome reward's fallback: the
+    trainer counts it under env_runners/outcome_fallbacks, and judge/fallbacks stays 0."""
+    from draco_gym.reward import OutcomeReward
+
+    trajs, _ = _group(tiny, env)
+    trajs = [trajs[0], trajs[1].model_copy(update={"metrics": {}})]
+    groups = [RolloutGroup(task_id="t", trajectories=trajs, score=OutcomeReward().score_group(trajs[0].task, trajs))]
+    stats = iteration_metrics(groups, apply_credit(groups, get_credit_rule("uniform")), dict.fromkeys(PHASES, 0.0),
+                              1.0, 0)
+    assert (stats["judge/fallbacks"], stats["env_runners/outcome_fallbacks"]) == (0, 1)
+
+
 def test_advantages_land_on_exactly_their_steps_tokens(tiny, env):
     trajs, score = _group(tiny, env)
     groups = [RolloutGroup(task_id="t", trajectories=trajs, score=score)]

@@ -22,6 +22,7 @@ import numpy as np
 from draco_gym.algos.config import RESULT_GROUPS, RESULT_TOP_KEYS, LoggingSection
 from draco_gym.metrics import outcome_agreement
 from draco_gym.records import append_records, read_records
+from draco_gym.reward.base import FallbackKind, count_fallbacks
 from draco_gym.types import RolloutGroup, RolloutRecord
 
 # The phases of one iteration, in order; each reports seconds as ``timers/phases/<phase>``.
@@ -45,7 +46,7 @@ def iteration_metrics(groups: Sequence[RolloutGroup], batch, timers: dict[str, f
     ``groups`` are the scored groups, ``batch`` their ``CreditedBatch``; runners work in parallel, so ``timers`` hold the slowest one's.
     """
     returns, turns, terminations, env_metrics, usage = [], [], Counter(), {}, Counter()
-    passes = fails = before = after = fallbacks = 0
+    passes = fails = before = after = 0
     for group in groups:
         score = group.score
         returns.extend(score.rewards)
@@ -58,11 +59,11 @@ def iteration_metrics(groups: Sequence[RolloutGroup], batch, timers: dict[str, f
                     env_metrics.setdefault(key, []).append(float(value))
         after += len(score.criteria)
         before += len(score.criteria) + len(score.dropped)
-        fallbacks += len(score.fallbacks)
         total = score.total_usage
         usage.update({"calls": total.calls, "prompt_tokens": total.prompt_tokens,
                       "completion_tokens": total.completion_tokens, "cost": total.cost})
     n_groups, n = max(len(groups), 1), max(len(turns), 1)
+    fallbacks = count_fallbacks(g.score for g in groups)
     agreement = outcome_agreement((g.score.rewards, [t.metrics.get(OUTCOME) for t in g.trajectories])
                                   for g in groups)
     step_credit = [abs(a) for per_step in batch.step_advantages for a in per_step]
@@ -79,7 +80,9 @@ def iteration_metrics(groups: Sequence[RolloutGroup], batch, timers: dict[str, f
         "judge/rubric_pass_rate": passes / (passes + fails) if passes + fails else 0.0,
         "judge/criteria_before_dropout": before / n_groups,
         "judge/criteria_after_dropout": after / n_groups,
-        "judge/fallbacks": fallbacks,
+        "judge/fallbacks": fallbacks[FallbackKind.JUDGE],
+        # an environment that reported no outcome: the outcome reward's 0, not a judge failure
+        "env_runners/outcome_fallbacks": fallbacks[FallbackKind.OUTCOME],
         "judge/failed_requests": sum(len(g.score.judge_failures) for g in groups),
         # tau-b of reward against outcome within groups: falling while the reward rises is a hack
         **({"judge/outcome_agreement": agreement} if agreement is not None else {}),
