@@ -125,14 +125,14 @@ def warm_start_then_train(config, args: argparse.Namespace, task_ids: list[str],
 
     print("evaluating the policy before training ...", flush=True)
     try:
-        before = evaluate_policy(config, resume.path if resume else None)
+        before = in_child_process(evaluate_policy, config, resume.path if resume else None)
     except ConfigError as exc:
         return _error(exc)
     code = train(config, task_ids, resume=resume, overwrite=args.overwrite)
     if code:
         return code
     print("evaluating the trained policy ...", flush=True)
-    after = evaluate_policy(config, out / "checkpoint")
+    after = in_child_process(evaluate_policy, config, out / "checkpoint")
     summary = write_summary(out, before, after, read_records(out / "metrics.jsonl")[0])
     print(table(before, after))
     for note in summary["notes"]:
@@ -149,7 +149,8 @@ def warm_start_from_config(config):
 
 def in_child_process(function, *args):
     """``function(*args)`` in a fresh process, its result or exception returned here: the
-    warm start's model, optimizer and check leave with the process instead of staying in
+    warm start's model and optimizer, and the before evaluation's policy and learner (an
+    Algorithm built in the calling process), leave with the process instead of staying in
     this one's heap for the rest of the run (Ray's actors hold the policy from then on)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
