@@ -4,6 +4,7 @@ tests/judge_server.py, in its own process, answering each call after L seconds.
 
     python bench/pipeline.py                       # L = 0.5 s, G = 6, 4 groups, 2 timed iterations
     python bench/pipeline.py --tasks 6 --iterations 3 --latency 1.0
+    python bench/pipeline.py --model tiny          # a random tiny Llama: the judge's share dominates
 
 Both modes run the same seeded iterations, one after the other in this run:
   - sequential: every group is scored after the rollout, one group after another;
@@ -23,6 +24,7 @@ import os
 import re
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -44,7 +46,9 @@ def passes(title: str, text: str) -> bool:
 
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--model", default="smollm2-135m-instruct",
+                   help="a local directory, smollm2-135m-instruct, or 'tiny' (a random Llama built here: it never "
+                        "writes code, so every episode ends at turn 1 and only the groups' judging overlaps)")
     p.add_argument("--latency", type=float, default=0.5, help="seconds the judge takes per call")
     p.add_argument("--group-size", type=int, default=6)
     p.add_argument("--tasks", type=int, default=4, help="groups per iteration")
@@ -94,10 +98,11 @@ def main(argv=None) -> int:
     args = parse(argv)
     os.environ[KEY_ENV] = "sk-bench"
     from draco_gym.algos.config import ResourcesSection
-    from draco_gym.algos.policy.models import resolve_model
+    from draco_gym.algos.policy.models import build_tiny_llama, resolve_model
     from draco_gym.algos.rllib.session import ray_session
 
-    args.model = resolve_model(args.model)
+    args.model = (str(build_tiny_llama(tempfile.mkdtemp(prefix="draco_bench_tiny_"))) if args.model == "tiny"
+                  else resolve_model(args.model))
     load_before = os.getloadavg()
     print(f"judge latency L = {args.latency} s per call, {args.tasks} groups x G = {args.group_size}, "
           f"max {args.max_turns} turns x {args.max_new_tokens} tokens; load before {load_before[0]:.2f}", flush=True)

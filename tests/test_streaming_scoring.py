@@ -134,3 +134,32 @@ def test_a_self_judge_is_found_anywhere_in_the_reward_options():
     assert uses_policy_judge({"judge": "policy"})
     assert uses_policy_judge({"parts": [{"name": "outcome"}, {"name": "dynamic", "options": {"judge": {"name": "policy"}}}]})
     assert not uses_policy_judge({"judge": {"name": "openai", "model": "m"}})
+
+
+def _by_length(title: str, text: str) -> bool:
+    """Deterministic in the rollout: the prompt's fence code is random but of fixed length."""
+    return (len(text) + CRITERIA.index(title)) % 3 != 0
+
+
+@pytest.mark.slow
+def test_grpo_iterations_score_the_same_streaming_and_sequential(ray_session, tiny_model, tmp_path, monkeypatch):
+    """The trainer end to end: the same seeded iterations with ``rollout.scoring``
+    sequential and streaming give the same episode returns and judge calls."""
+    from grpo_fixtures import make_config
+
+    monkeypatch.setenv("STREAM_JUDGE_KEY", "sk-test")
+    results = {}
+    with JudgeServer(RuleJudge(CRITERIA, _by_length), latency_s=0.05) as server:
+        judge = {"name": "openai", "model": "test-judge", "base_url": server.base_url, "api_key_env": "STREAM_JUDGE_KEY"}
+        for mode in ("sequential", "streaming"):
+            algo = make_config(tiny_model, tmp_path / mode).training(
+                reward="dynamic", reward_options={"judge": judge}, scoring=mode).build_algo()
+            try:
+                results[mode] = [algo.train() for _ in range(2)]
+            finally:
+                algo.stop()
+    for seq, stream in zip(results["sequential"], results["streaming"]):
+        for key in ("episode_return_mean", "episode_return_min", "episode_return_max", "episode_return_std"):
+            assert stream["env_runners"][key] == pytest.approx(seq["env_runners"][key], abs=1e-12), key
+        assert stream["judge"]["calls"] == seq["judge"]["calls"]
+    assert results["sequential"][0]["env_runners"]["episode_return_std"] > 0, "rewards must differ to compare"
