@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -32,16 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from judge_server import RuleJudge, ServerProcess  # noqa: E402
 
 CRITERIA = ["Checks the product first", "Computes the total", "Submits one answer"]
-_STEPS = re.compile(r'steps="(\d+)"')
 KEY_ENV = "DRACO_BENCH_JUDGE_KEY"
 
 
 def passes(title: str, text: str) -> bool:
-    """A rollout of n steps passes criterion k unless (n + k) % 3 == 0: deterministic in the
-    rollout (the prompt's fence code is random), and different across a group's lengths."""
-    found = _STEPS.findall(text)
-    n = int(found[0]) if found else 0
-    return (n + CRITERIA.index(title)) % 3 != 0
+    """Criterion k passes when bit k of the prompt's length is set: deterministic in the
+    rollout (the prompt's fence code is random but of fixed length), independent across
+    criteria, so a group's rollouts get different rewards."""
+    return bool((len(text) >> CRITERIA.index(title)) & 1)
 
 
 def parse(argv=None) -> argparse.Namespace:

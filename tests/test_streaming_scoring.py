@@ -137,8 +137,10 @@ def test_a_self_judge_is_found_anywhere_in_the_reward_options():
 
 
 def _by_length(title: str, text: str) -> bool:
-    """Deterministic in the rollout: the prompt's fence code is random but of fixed length."""
-    return (len(text) + CRITERIA.index(title)) % 3 != 0
+    """Criterion k passes when bit k of the prompt's length is set: deterministic in the
+    rollout (the prompt's fence code is random but of fixed length), independent across
+    criteria, so rollouts of different lengths get different rewards."""
+    return bool((len(text) >> CRITERIA.index(title)) & 1)
 
 
 @pytest.mark.slow
@@ -162,4 +164,5 @@ def test_grpo_iterations_score_the_same_streaming_and_sequential(ray_session, ti
         for key in ("episode_return_mean", "episode_return_min", "episode_return_max", "episode_return_std"):
             assert stream["env_runners"][key] == pytest.approx(seq["env_runners"][key], abs=1e-12), key
         assert stream["judge"]["calls"] == seq["judge"]["calls"]
-    assert results["sequential"][0]["env_runners"]["episode_return_std"] > 0, "rewards must differ to compare"
+    assert results["sequential"][0]["env_runners"]["episode_return_std"] > 0, ("rewards must differ to compare",
+                                                                          results["sequential"][0]["judge"])
