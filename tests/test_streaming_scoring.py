@@ -5,6 +5,7 @@ tests/judge_server.py's rule-following judge over a real socket."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import gymnasium as gym
@@ -166,3 +167,8 @@ def test_grpo_iterations_score_the_same_streaming_and_sequential(ray_session, ti
         assert stream["judge"]["calls"] == seq["judge"]["calls"]
     assert results["sequential"][0]["env_runners"]["episode_return_std"] > 0, ("rewards must differ to compare",
                                                                           results["sequential"][0]["judge"])
+
+    def rewards(mode: str) -> list[tuple]:  # every rollout's reward, in the logged order
+        lines = (tmp_path / mode / "rollouts.jsonl").read_text().splitlines()
+        return [(r["iteration"], r["task_id"], r["index"], r["score"]["reward"]) for r in map(json.loads, lines)]
+    assert rewards("streaming") == rewards("sequential")
