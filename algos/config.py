@@ -88,6 +88,11 @@ class RolloutSection(EpisodeLimits):
     group_size: int = Field(6, ge=2, description="G episodes per task (a group of one has no baseline)")
     tasks_per_iteration: int = Field(16, ge=1, description="tasks drawn per iteration (seeded by the iteration)")
     temperature: float = Field(1.0, ge=0, description="sampling temperature (0: greedy)")
+    scoring: Literal["streaming", "sequential"] = Field(
+        "streaming", description="streaming: a group goes to the reward as soon as its G episodes end, judged while "
+                                 "the others sample (same rewards); sequential: every group after the rollout. A "
+                                 "self-judge (judge: policy) is always sequential: it judges with the policy copy "
+                                 "that samples")
 
 
 class NamedSection(_Section):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from draco_gym.types import GAP, Termination, Trajectory
 
@@ -82,7 +82,8 @@ class Episode:
 
 
 def run_episodes(episodes: Sequence[Episode], sampler: Sampler, chat: ChatFormat, limits: EpisodeLimits,
-                 *, seed: int = 0, stats: dict | None = None) -> list[Trajectory]:
+                 *, seed: int = 0, stats: dict | None = None,
+                 on_done: Callable[[int], None] | None = None) -> list[Trajectory]:
     """Advance every episode to its end; return their trajectories in the same order.
 
     Per turn: one batched sampling call over all live episodes, then each environment steps
@@ -90,12 +91,23 @@ def run_episodes(episodes: Sequence[Episode], sampler: Sampler, chat: ChatFormat
     episodes' KV cache across turns, so each token is encoded once. An environment that
     raises ends its episode as ``env_error`` (recorded in ``metrics["env_exception"]``),
     never the whole batch. ``stats``, when given, accumulates ``sampling_s`` and
-    ``sampled_tokens``.
+    ``sampled_tokens``. ``on_done(i)``, when given, is called once for each episode, with
+    its index, in the turn it ends (``streaming.GroupWatch``: a group whose episodes have
+    all ended goes to the judge while the others keep sampling).
     """
     stats = stats if stats is not None else {}
     stats.setdefault("sampling_s", 0.0)
     stats.setdefault("sampled_tokens", 0)
     session, rows, turn = None, [], 0
+    reported = [False] * len(episodes)
+
+    def report() -> None:
+        for i, ep in enumerate(episodes):
+            if ep.done and not reported[i]:
+                reported[i] = True
+                if on_done is not None:
+                    on_done(i)
+
     while True:
         live = [ep for ep in episodes if not ep.done]
         budgets = [min(limits.max_new_tokens, limits.max_response_tokens - (len(ep.tokens) - ep.prompt_len))
@@ -103,6 +115,7 @@ def run_episodes(episodes: Sequence[Episode], sampler: Sampler, chat: ChatFormat
         for ep, budget in zip(live, budgets):
             if budget <= 0:
                 _finish(ep, Termination.LENGTH)
+        report()  # the episodes the last turn ended, and those out of token budget
         budgets = [b for ep, b in zip(live, budgets) if not ep.done]
         live = [ep for ep in live if not ep.done]
         if not live:

@@ -8,7 +8,10 @@ the learner) and the reward; ``sample`` returns whole groups of episodes (``Roll
 credit and a batch.
 
 Scoring happens here, next to the rollouts: groups of different runners are judged in
-parallel, and a self-judging reward can use this runner's copy of the policy.
+parallel, and a self-judging reward can use this runner's copy of the policy. In training
+(``rollout.scoring: streaming``) a group goes to the reward as soon as its episodes end,
+judged on a background thread while the other groups sample (``policy/streaming.py``); a
+self-judge is scored after the rollout, since it judges with the copy that samples.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from draco_gym.types import RolloutGroup, Trajectory
 from draco_gym.algos.policy.chat import ChatFormat, eos_token_ids
 from draco_gym.algos.config import EpisodeLimits
 from draco_gym.algos.policy.rollout import Episode, run_episodes
+from draco_gym.algos.policy.streaming import GroupScorer, GroupWatch, uses_policy_judge
 
 
 def make_env(env: Any, env_config: dict, modules=()):
@@ -120,6 +124,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self._weights_seq_no = 0
         self._envs: list = []
         self._reward = None
+        self._streamed: tuple[list[str], GroupScorer] | None = None  # the last sample's groups at the judge
         self._probe = self._make_env()
         self.module = config.get_rl_module_spec(spaces=self.get_spaces(), inference_only=True).build()
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
@@ -168,9 +173,11 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return list(ids)
 
     def sample(self, *, tasks: list[str], group_size: int, seed: int, temperature: float | None = None,
-               **kwargs) -> dict:
+               stream_scoring: bool = False, **kwargs) -> dict:
         """G episodes of each task, batched into one sampling call per turn. Returns the
-        groups (unscored), timings and token counts."""
+        groups (unscored), timings and token counts. With ``stream_scoring`` (and a reward
+        that does not judge with this runner's policy copy) each group goes to the reward on
+        a background thread as soon as its episodes end; ``score`` collects the scores."""
         t0 = time.perf_counter()
         sampler = self.sampler if temperature is None else self._make_sampler(temperature)
         self._ensure_envs(len(tasks) * group_size)
@@ -180,7 +187,18 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             for k, task in enumerate(t for t in tasks for _ in range(group_size))
         ]
         stats: dict = {}
-        trajectories = run_episodes(episodes, sampler, self.chat, limits, seed=seed, stats=stats)
+        self._drop_streamed()
+        scorer = None
+        if stream_scoring and not uses_policy_judge(self.config.reward_options):
+            scorer = GroupScorer(self.reward, len(tasks))
+        try:
+            trajectories = run_episodes(episodes, sampler, self.chat, limits, seed=seed, stats=stats,
+                                        on_done=GroupWatch(scorer, episodes, group_size) if scorer else None)
+        except BaseException:
+            if scorer is not None:
+                scorer.close()
+            raise
+        self._streamed = (list(tasks), scorer) if scorer is not None else None
         t_rollout = time.perf_counter() - t0
         groups = [RolloutGroup(task_id=task, trajectories=trajectories[i * group_size : (i + 1) * group_size])
                   for i, task in enumerate(tasks)]
@@ -195,10 +213,24 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
     def score(self, *, groups: list[RolloutGroup]) -> dict:
         """One reward call per group: the groups with their ``GroupScore``, in the same order,
-        and the seconds it took."""
+        and the seconds it took. Groups this runner's last ``sample`` streamed to the reward
+        (the same tasks in the same order) are only waited for; any others are scored here."""
         t0 = time.perf_counter()
-        scored = [group.with_score(self.reward.score_group(group.task, group.trajectories)) for group in groups]
+        streamed, self._streamed = self._streamed, None
+        if streamed is not None and streamed[0] == [group.task_id for group in groups]:
+            scores = streamed[1].results()
+        else:
+            if streamed is not None:
+                streamed[1].close()
+            scores = [self.reward.score_group(group.task, group.trajectories) for group in groups]
+        scored = [group.with_score(score) for group, score in zip(groups, scores)]
         return {"groups": scored, "seconds": time.perf_counter() - t0}
+
+    def _drop_streamed(self) -> None:
+        """A streamed sample nobody asked to score (an evaluation came in between) stops here."""
+        streamed, self._streamed = self._streamed, None
+        if streamed is not None:
+            streamed[1].close()
 
     def continue_from(self, task_id: str, messages: list[str], k: int, seed: int = 0) -> list[Trajectory]:
         """K continuations of ``task_id`` after replaying ``messages`` (ProVer's restarts),
@@ -267,6 +299,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return []
 
     def stop(self) -> None:
+        self._drop_streamed()
         for env in self._envs + [self._probe]:
             try:
                 env.close()

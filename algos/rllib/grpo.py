@@ -225,7 +225,8 @@ class GRPO(Algorithm):
     def training_step(self) -> None:
         timers: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         start = time.perf_counter()
-        groups, sampled = self.sample(self.sample_tasks(self.iteration), seed=self._iteration_seed(self.iteration))
+        groups, sampled = self.sample(self.sample_tasks(self.iteration), seed=self._iteration_seed(self.iteration),
+                                      stream_scoring=self.config.scoring == "streaming")
         groups, scored = self.score(groups)
         self._stop_on_dead_judge(groups)
         with _timed(timers, "credit"):
@@ -277,14 +278,16 @@ class GRPO(Algorithm):
         return int(np.random.default_rng([self.config.seed or 0, iteration, 1]).integers(2**31 - 1))
 
     def sample(self, tasks: list[str], *, seed: int, temperature: float | None = None,
-               group_size: int | None = None) -> tuple[list[RolloutGroup], dict]:
+               group_size: int | None = None, stream_scoring: bool = False) -> tuple[list[RolloutGroup], dict]:
         """G episodes of each task with the current policy, the tasks sharded over the env
         runners. Returns the groups (unscored, in task order) and the slowest runner's phase
-        times (runners work in parallel) and the tokens generated."""
+        times (runners work in parallel) and the tokens generated. ``stream_scoring``: each
+        runner hands a group to its reward as soon as the group's episodes end, and ``score``
+        then waits only for the groups still being judged."""
         ids, shards = _shard(self.env_runner_group, tasks)
         # Exactly one kwargs dict per actor: foreach_env_runner drops the dicts beyond that.
         kwargs = [{"tasks": shard, "group_size": group_size or self.config.group_size, "seed": seed + 7919 * i,
-                   "temperature": temperature} for i, shard in enumerate(shards)]
+                   "temperature": temperature, "stream_scoring": stream_scoring} for i, shard in enumerate(shards)]
         outs = self.env_runner_group.foreach_env_runner("sample", local_env_runner=False, remote_worker_ids=list(ids),
                                                         kwargs=kwargs)
         _check_answered(outs, ids, "returned no episodes")
