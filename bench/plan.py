@@ -44,13 +44,13 @@ prints the per-call prompt tokens the paper's bill implies at that price.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
 from draco_gym.algos.rllib.reporting import PHASES  # the timers/phases/<phase> a run reports
+from draco_gym.records import RecordError, read_records
 
 JudgeMode = Literal["separate", "fused", "none"]
 
@@ -208,7 +208,10 @@ def read_metrics(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise SystemExit(f"--measured {run_dir}: no metrics.jsonl there (a run's output_dir holds one)")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        rows, _ = read_records(path)  # a killed run's torn last line is skipped
+    except RecordError as exc:
+        raise SystemExit(f"--measured {run_dir}: {exc}") from None
     rows = [row for row in rows if "timers/phases/generation" in row]
     if len(rows) < 2:
         raise SystemExit(f"--measured {run_dir}: {len(rows)} iteration(s) with phase timers; "

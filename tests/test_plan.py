@@ -92,7 +92,8 @@ def test_measured_run_calibrates_and_predicts(tmp_path, capsys):
         phases = dict(generation=tokens / 100, env=steps * 0.2, judge=calls * 0.5 + 0.0, credit=0.5, learner=tokens / 50,
                       sync=0.5)
         rows.append(_row(i, tokens, steps, 4, sum(phases.values()) + 1.0, calls=calls, **phases))
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # a run killed mid-write leaves a torn last line: it is skipped, as every reader of the run does
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"training_iter')
     predicted, measured = P.check_measured(tmp_path)
     assert predicted == pytest.approx(measured)  # iteration 1 (start-up) left out, 2-3 fit, 4-5 predicted
     assert measured == pytest.approx(400 / 100 + 40 * 0.2 + 20 * 0.5 + 0.5 + 400 / 50 + 0.5 + 1.0)
@@ -104,4 +105,7 @@ def test_measured_run_errors_name_the_problem(tmp_path):
         P.check_measured(tmp_path)
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"training_iteration": 1}) + "\n")
     with pytest.raises(SystemExit, match="needs 2 or more"):
+        P.check_measured(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text("not json\n" + json.dumps({"training_iteration": 1}) + "\n")
+    with pytest.raises(SystemExit, match="line 1 is not JSON"):
         P.check_measured(tmp_path)
