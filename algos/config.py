@@ -93,6 +93,11 @@ class RolloutSection(EpisodeLimits):
                                  "the others sample (same rewards); sequential: every group after the rollout. A "
                                  "self-judge (judge: policy) is always sequential: it judges with the policy copy "
                                  "that samples")
+    pipeline: Literal["off", "one_step"] = Field(
+        "off", description="one_step: the env runners sample and score iteration k+1 with the weights they hold (one "
+                           "update behind) while the learner trains on iteration k; the loss's ratio takes the "
+                           "drawing policy's log-probs, each rollout records its policy_version. off: each iteration "
+                           "samples with the newest weights")
 
 
 class NamedSection(_Section):
@@ -229,7 +234,8 @@ class OptimSection(LossConfig):
     num_epochs: int = Field(1, ge=1, description="passes over the iteration's trajectories")
     micro_batch_tokens: int = Field(4096, ge=16, description="gradient accumulation unit, in padded tokens")
     recompute_old_logprobs: bool | None = Field(None, description="old log-probs from the learner instead of the "
-                                                                  "sampler (null: only with the vllm sampler)")
+                                                                  "sampler (null: only with the vllm sampler, "
+                                                                  "and never with rollout.pipeline: one_step)")
     share_prefix: bool = Field(True, description="compute a group's shared prompt once in the learner (exact; "
                                                  "falls back, with the reason logged, where a model cannot)")
 
@@ -385,6 +391,14 @@ class RunConfig(_Section):
                 raise ValueError(f"iterations={self.iterations} and stop.training_iteration={given:g} disagree; "
                                  "give one of them")
             self.iterations = int(given)
+        return self
+
+    @model_validator(mode="after")
+    def _ratio_of_the_drawing_policy(self):
+        if self.rollout.pipeline == "one_step" and self.optim.recompute_old_logprobs:
+            raise ValueError("rollout.pipeline: one_step with optim.recompute_old_logprobs: true: the learner would "
+                             "recompute the old log-probs with weights one update newer than the ones that drew the "
+                             "tokens; leave recompute_old_logprobs unset (null) or set the pipeline off")
         return self
 
     def tune_stop(self) -> dict[str, float]:

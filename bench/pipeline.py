@@ -6,15 +6,19 @@ tests/judge_server.py, in its own process, answering each call after L seconds.
     python bench/pipeline.py --tasks 6 --iterations 3 --latency 1.0
     python bench/pipeline.py --model tiny          # a random tiny Llama: the judge's share dominates
 
-Both modes run the same seeded iterations, one after the other in this run:
+The three modes run the same seeded iterations, one after the other in this run:
   - sequential: every group is scored after the rollout, one group after another;
   - streaming (``rollout.scoring: streaming``): a group goes to the judge as soon as its G
     episodes end and is judged while the others sample; the end of the rollout waits only
-    for the groups still at the judge.
-Printed: wall time per iteration (``time_this_iter_s``) and each phase's seconds for both,
-whether the first iteration's rewards are the same in both, the critical path (the
-slowest phase alone: rollout, sequential judging, or the learner), the machine's load,
-and on the last line the ratio streaming / sequential (goal <= 0.75).
+    for the groups still at the judge;
+  - one_step (``rollout.pipeline: one_step``, streaming too): the next iteration is sampled
+    and judged on the env runner while this one learns in the driver (one update stale).
+Printed: wall time per iteration (``time_this_iter_s``) and each phase's seconds for each
+(one_step's sampling phases ran behind the previous iteration's learning; ``waited`` is the
+part the driver still waited for), whether the first iteration's rewards are the same in
+sequential and streaming, the critical path (the slowest phase alone: rollout, sequential
+judging, or the learner), one_step / critical path (goal <= 1.15), the machine's load, and
+on the last line the ratio streaming / sequential (goal <= 0.75).
 """
 
 from __future__ import annotations
@@ -55,6 +59,10 @@ def parse(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+MODES = {"sequential": {"scoring": "sequential"}, "streaming": {"scoring": "streaming"},
+         "one_step": {"scoring": "streaming", "pipeline": "one_step"}}
+
+
 def run_mode(args, mode: str, base_url: str) -> list[dict]:
     from draco_gym.algos.rllib.grpo import GRPOConfig
 
@@ -65,7 +73,7 @@ def run_mode(args, mode: str, base_url: str) -> list[dict]:
         .policy(model=args.model)
         .training(group_size=args.group_size, tasks_per_iteration=args.tasks, max_new_tokens=args.max_new_tokens,
                   max_response_tokens=args.max_turns * (args.max_new_tokens + 400), reward="dynamic",
-                  reward_options={"judge": judge}, credit="draco", minibatch_size=None, scoring=mode)
+                  reward_options={"judge": judge}, credit="draco", minibatch_size=None, **MODES[mode])
         .env_runners(num_env_runners=1).learners(num_learners=0).debugging(seed=0, log_level="ERROR")
     )
     algo = config.build_algo()
@@ -75,6 +83,7 @@ def run_mode(args, mode: str, base_url: str) -> list[dict]:
             r = algo.train()
             phases = {k: float(v) for k, v in r["timers"]["phases"].items()}
             row = {"iteration": i, "wall": float(r["time_this_iter_s"]), **phases,
+                   "waited": float(r["timers"].get("waited_for_sample", 0.0)),
                    "calls": float(r["judge"]["calls"]), "turns": float(r["env_runners"]["episode_len_mean"]),
                    "returns": [float(r["env_runners"][k]) for k in ("episode_return_mean", "episode_return_min",
                                                                      "episode_return_max")]}
@@ -106,21 +115,23 @@ def main(argv=None) -> int:
     results = {}
     with ServerProcess(RuleJudge(CRITERIA, passes), latency_s=args.latency) as server, \
             ray_session(ResourcesSection(ray_num_cpus=2, object_store_memory_mb=128)):
-        for mode in ("sequential", "streaming"):
+        for mode in MODES:
             results[mode] = run_mode(args, mode, server.base_url)
     load_after = os.getloadavg()
-    seq, stream = results["sequential"], results["streaming"]
+    seq, stream, ahead = results["sequential"], results["streaming"], results["one_step"]
     same = all(a["returns"] == b["returns"] for a, b in zip(seq, stream))
     print(f"\nper iteration (mean of {args.iterations}, warm-up left out), seconds:")
-    print(f"{'':<12}{'wall':>8}{'generation':>12}{'env':>8}{'judge':>8}{'learner':>9}")
+    print(f"{'':<12}{'wall':>8}{'generation':>12}{'env':>8}{'judge':>8}{'learner':>9}{'waited':>8}")
     for mode, rows in results.items():
         print(f"{mode:<12}{mean(rows, 'wall'):>8.1f}{mean(rows, 'generation'):>12.1f}{mean(rows, 'env'):>8.1f}"
-              f"{mean(rows, 'judge'):>8.1f}{mean(rows, 'learner'):>9.1f}")
+              f"{mean(rows, 'judge'):>8.1f}{mean(rows, 'learner'):>9.1f}{mean(rows, 'waited'):>8.1f}")
     rollout = mean(seq, "generation") + mean(seq, "env")
     critical = max(("rollout", rollout), ("judge (sequential)", mean(seq, "judge")), ("learner", mean(seq, "learner")),
                    key=lambda kv: kv[1])
     print(f"critical path (the slowest phase alone): {critical[0]} {critical[1]:.1f} s; "
           f"streaming wall / critical path = {mean(stream, 'wall') / critical[1]:.2f}")
+    print(f"one_step wall / critical path = {mean(ahead, 'wall'):.1f} / {critical[1]:.1f} s = "
+          f"{mean(ahead, 'wall') / critical[1]:.2f} (goal <= 1.15)")
     print(f"episode returns (mean, min, max) equal in both modes, every iteration: {'yes' if same else 'NO'}")
     print(f"load average (1 min) before / after: {load_before[0]:.2f} / {load_after[0]:.2f} (2 cores, shared)")
     ratio = mean(stream, "wall") / mean(seq, "wall")

@@ -22,9 +22,10 @@ Sequential hands every group over when the last episode ends (a_k = rollout); st
 hands group k over when its own G episodes end: the groups' ends spread evenly over the
 last ``group_end_spread`` share of the rollout (the rollout loop advances every episode in
 lockstep, so a group ends at the turn its longest episode ends; 0 = all end together and
-streaming gains nothing). One-step overlap samples iteration k+1 while k is judged and
-learned: the iteration takes its slowest stage alone (rollout, judge, credit + learner),
-plus the weight sync, which the next sampling waits for.
+streaming gains nothing). One-step overlap (``rollout.pipeline: one_step``) samples and
+judges iteration k+1, streamed, while k is learned: the iteration takes the slower of its
+two stages (rollout with streamed judging, credit + learner), plus the weight sync, which
+the next sampling waits for.
 
 DRACO's judge calls per group (``reward/dynamic.py``'s table): propose 1 (cached per task)
 + augment G + merge 1 + score G + attribute G = 3G+2 in five dependent rounds ("separate",
@@ -173,7 +174,7 @@ def plan(m: Measured, c: Cluster, r: RunConfig) -> Plan:
     after = m.credit_s + learner + m.sync_s + m.other_s
     sequential = rollout + judge + after
     streaming = streamed + after
-    one_step = max(rollout, judge, m.credit_s + learner) + m.sync_s + m.other_s
+    one_step = max(streamed, m.credit_s + learner) + m.sync_s + m.other_s
     per_call = (m.judge_prompt_tokens * m.judge_price_prompt + m.judge_completion_tokens * m.judge_price_completion) / 1e6
     return Plan(phases=phases, sequential_s=sequential, streaming_s=streaming, one_step_s=one_step,
                 bottleneck=max(("generation", "env", "judge", "learner"), key=phases.__getitem__),

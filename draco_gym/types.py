@@ -292,11 +292,14 @@ class RolloutGroup(_Model):
 
     The env runner samples groups, the reward scores them (``with_score`` returns the scored
     copy; a group is never scored in place), and credit, logging and evaluation read them. A
-    score holds one ``TrajectoryScore`` per trajectory, in the same order."""
+    score holds one ``TrajectoryScore`` per trajectory, in the same order. ``policy_version``
+    is the number of updates the weights that drew the group had taken (training's; an
+    iteration learning from version ``v`` at iteration ``k`` learns ``k - v`` updates late)."""
 
     task_id: str
     trajectories: list[Trajectory] = Field(min_length=1)
     score: GroupScore | None = None
+    policy_version: int | None = Field(None, ge=0)
 
     @model_validator(mode="after")
     def _one_score_per_trajectory(self) -> RolloutGroup:
@@ -312,7 +315,13 @@ class RolloutGroup(_Model):
 
     def with_score(self, score: GroupScore) -> RolloutGroup:
         """This group with ``score``, checked against its trajectories."""
-        return RolloutGroup(task_id=self.task_id, trajectories=self.trajectories, score=score)
+        return RolloutGroup(task_id=self.task_id, trajectories=self.trajectories, score=score,
+                            policy_version=self.policy_version)
+
+    def drawn_by(self, policy_version: int) -> RolloutGroup:
+        """This group, marked as drawn by the weights of ``policy_version`` updates."""
+        return RolloutGroup(task_id=self.task_id, trajectories=self.trajectories, score=self.score,
+                            policy_version=policy_version)
 
 
 class RolloutRecord(_Model):
@@ -323,7 +332,8 @@ class RolloutRecord(_Model):
     are the group's (repeated on each of its lines, so a line stands alone). An evaluation
     writes no ``iteration`` and, unscored, a null ``score``; ``step_advantages`` (a_j per
     step) are training's, written as computed (a non-finite value as ``NaN``). A criterion
-    saved as its title alone (a string) has no known origin."""
+    saved as its title alone (a string) has no known origin. ``policy_version`` is the group's
+    (``RolloutGroup``): ``iteration - policy_version`` is how many updates late it was learned."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, ser_json_inf_nan="constants")
 
@@ -336,6 +346,7 @@ class RolloutRecord(_Model):
     dropped: list[str] = Field(default_factory=list)
     fallbacks: list[str] = Field(default_factory=list)
     step_advantages: list[float] | None = None
+    policy_version: int | None = Field(None, ge=0)
 
     @classmethod
     def of_group(cls, group: RolloutGroup, *, iteration: int | None = None,
@@ -345,6 +356,7 @@ class RolloutRecord(_Model):
         shared = {} if score is None else {"criteria": score.criteria, "dropped": score.dropped,
                                            "fallbacks": score.fallbacks}
         return [cls(iteration=iteration, task_id=group.task_id, index=i, trajectory=traj,
+                    policy_version=group.policy_version,
                     score=None if score is None else score.scores[i],
                     step_advantages=None if step_advantages is None else list(step_advantages[i]), **shared)
                 for i, traj in enumerate(group.trajectories)]

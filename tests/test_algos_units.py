@@ -69,6 +69,9 @@ def test_loss_equals_hand_computation():
     ratios = [math.exp(lp - o) for lp, o in zip(logp, old)]
     assert 0.8 < ratios[0] < 1.2 and ratios[1] > 1.2 and ratios[2] < 0.8 and ratios[3] > 3.0
     assert stats["clip_fraction"].item() == pytest.approx(3 / n_tokens)
+    # |r - 1| summed: e^0.1 - 1, e^0.5 - 1, 1 - e^-0.5, e^2 - 1, 0
+    assert stats["ratio_abs_dev"].item() == pytest.approx(
+        (math.exp(0.1) - 1 + math.exp(0.5) - 1 + 1 - math.exp(-0.5) + math.exp(2.0) - 1) / n_tokens, rel=1e-12)
 
 
 def test_loss_gradient_is_zero_outside_the_trust_region():

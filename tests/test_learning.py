@@ -30,8 +30,11 @@ def corridor_policy(tmp_path_factory):
     return build_corridor_policy(tmp_path_factory.mktemp("corridor_policy"))
 
 
-def test_grpo_raises_success_from_chance(ray_session, corridor_policy):
-    algo = corridor_config(corridor_policy, credit="draco", p=0.0, seed=0).build_algo()
+@pytest.mark.parametrize("pipeline", ["off", "one_step"])
+def test_grpo_raises_success_from_chance(ray_session, corridor_policy, pipeline):
+    """With ``rollout.pipeline: one_step`` too: every iteration after the first learns from
+    rollouts one update old, through the ratio of the policy that drew them."""
+    algo = corridor_config(corridor_policy, credit="draco", p=0.0, seed=0).training(pipeline=pipeline).build_algo()
     try:
         before = success_rate(algo, episodes_per_task=EPISODES_PER_TASK)
         for _ in range(ITERATIONS):

@@ -55,12 +55,20 @@ def test_plan_on_worked_numbers():
     assert p.sequential_s == pytest.approx(18 + 20 + 1 + 48 + 2)
     # streaming: handed over at 11.25, 13.5, 15.75, 18 -> served at 16.25, 21.25, 26.25, 31.25
     assert p.streaming_s == pytest.approx(31.25 + 1 + 48 + 2)
-    # one step: max(rollout 18, judge 20, credit + learner 49) + sync 2
+    # one step: max(streamed rollout and judging 31.25, credit + learner 49) + sync 2
     assert p.one_step_s == pytest.approx(51.0)
     assert p.bottleneck == "learner"
     # 80 calls x (1000 x $2 + 100 x $10) / 1e6
     assert p.judge_calls_per_step == 80
     assert p.judge_cost_per_step == pytest.approx(0.24) and p.judge_cost_per_100_steps == pytest.approx(24.0)
+
+
+def test_one_step_is_bound_by_the_streamed_sample_when_the_learner_is_fast():
+    fast = P.Measured(**{**M.__dict__, "learner_tokens_per_s": 2400})  # 1 s of learning
+    p = P.plan(fast, C, R)
+    # the env runners sample and judge (streamed, 31.25 s) while credit + learner (2 s) run
+    assert p.one_step_s == pytest.approx(31.25 + 2)
+    assert p.streaming_s == pytest.approx(31.25 + 1 + 1 + 2)
 
 
 def test_streaming_gains_nothing_when_every_group_ends_with_the_rollout():

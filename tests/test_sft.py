@@ -8,6 +8,7 @@ import pytest
 
 pytest.importorskip("peft")
 
+from draco_gym.algos.policy.sft import READY, SOLVED, TOO_WEAK, warm_start_verdict  # noqa: E402
 from draco_gym.cli import main  # noqa: E402
 
 
@@ -59,10 +60,20 @@ def test_sft_command_teaches_the_reference_solutions(tmp_path, capsys):
     assert "epoch 80/80: mean loss " in printed
     assert "checking the warm-started policy on 4 train tasks (nothing is held out" in printed
     assert "closed, well-formed code blocks: 1.00 (" in printed
-    assert "warm start check: ready for GRPO" in printed
     check = report["check"]
-    assert check["verdict"] == "ready for GRPO" and check["success_rate"]["n"] == 8
-    assert check["success_rate"]["mean"] >= 0.75
+    assert check["success_rate"]["n"] == 8 and check["success_rate"]["mean"] >= 0.75
+    verdict = SOLVED if check["success_rate"]["k"] == 8 else READY
+    assert check["verdict"] == verdict and f"warm start check: {verdict}" in printed
+
+
+def test_the_verdict_wants_a_success_and_a_failure_to_learn_from():
+    def summary(wins, episodes, well_formed):
+        return {"success_rate": {"k": wins, "n": episodes, "mean": wins / episodes},
+                "well_formed_turns": {"mean": well_formed}}
+    assert warm_start_verdict(summary(3, 12, 0.7)) == READY
+    assert warm_start_verdict(summary(12, 12, 1.0)) == SOLVED  # every group would tie on the outcome
+    assert warm_start_verdict(summary(0, 12, 0.9)) == TOO_WEAK
+    assert warm_start_verdict(summary(3, 12, 0.4)) == TOO_WEAK
 
 
 def test_sft_says_a_policy_that_writes_no_code_is_too_weak(tmp_path, capsys):

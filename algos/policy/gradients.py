@@ -27,7 +27,7 @@ from draco_gym.algos.policy.loss import grpo_loss
 logger = logging.getLogger(__name__)
 
 # The loss statistics ``accumulate_gradients`` sums (``grpo_loss``'s).
-STAT_KEYS = ("policy_loss", "kl", "ratio", "clip_fraction")
+STAT_KEYS = ("policy_loss", "kl", "ratio", "ratio_abs_dev", "clip_fraction")
 
 
 def use_prefix_sharing(module, wanted: bool = True) -> bool:

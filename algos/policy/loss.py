@@ -48,6 +48,8 @@ def grpo_loss(logp, old_logp, ref_logp, adv, n_tokens: int, cfg: LossConfig):
             "policy_loss": pg.sum() / n,
             "kl": kl.sum() / n,
             "ratio": ratio.sum() / n,
+            # the ratio's spread: 0 on-policy before the first step, larger the staler the sampler
+            "ratio_abs_dev": (ratio - 1.0).abs().sum() / n,
             "clip_fraction": (unclipped != clipped).float().sum() / n,
         }
     return loss, stats

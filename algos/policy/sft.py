@@ -154,6 +154,7 @@ def warm_start(model_dir: str | Path, examples: Sequence[Demonstration], out_dir
 
 READY = "ready for GRPO"
 TOO_WEAK = "too weak: more epochs or a larger model"
+SOLVED = "already solves every check episode: GRPO has little left to learn here (fewer epochs, or harder tasks)"
 
 
 def check_policy(model_dir: str | Path, make_env: Callable[[], Any], task_ids: Sequence[str], limits, *,
@@ -199,8 +200,11 @@ def check_policy(model_dir: str | Path, make_env: Callable[[], Any], task_ids: S
 
 def warm_start_verdict(summary: dict) -> str:
     """``READY`` when GRPO has something to learn from: at least half the turns carry a
-    closed, well-formed code block and some episode succeeds (a group with a success and a
-    failure has spread); else ``TOO_WEAK``."""
+    closed, well-formed code block and some episode succeeds, but not every one (a group
+    with a success and a failure has spread); ``SOLVED`` when every episode succeeds (the
+    outcome gives every group equal rewards); else ``TOO_WEAK``."""
     well_formed = summary["well_formed_turns"]["mean"]
-    wins = summary["success_rate"]["k"]
+    wins, episodes = summary["success_rate"]["k"], summary["success_rate"]["n"]
+    if wins and wins == episodes:
+        return SOLVED
     return READY if well_formed >= 0.5 and wins > 0 else TOO_WEAK

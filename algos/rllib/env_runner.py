@@ -173,11 +173,14 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return list(ids)
 
     def sample(self, *, tasks: list[str], group_size: int, seed: int, temperature: float | None = None,
-               stream_scoring: bool = False, **kwargs) -> dict:
+               stream_scoring: bool = False, score: bool = False, **kwargs) -> dict:
         """G episodes of each task, batched into one sampling call per turn. Returns the
         groups (unscored), timings and token counts. With ``stream_scoring`` (and a reward
         that does not judge with this runner's policy copy) each group goes to the reward on
-        a background thread as soon as its episodes end; ``score`` collects the scores."""
+        a background thread as soon as its episodes end; ``score`` collects the scores.
+        ``score=True`` collects them in this call (the groups come back scored, with the
+        judge's seconds as ``judge_s``): one call for the trainer to wait on when it samples
+        the next iteration while it learns."""
         t0 = time.perf_counter()
         sampler = self.sampler if temperature is None else self._make_sampler(temperature)
         self._ensure_envs(len(tasks) * group_size)
@@ -202,7 +205,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         t_rollout = time.perf_counter() - t0
         groups = [RolloutGroup(task_id=task, trajectories=trajectories[i * group_size : (i + 1) * group_size])
                   for i, task in enumerate(tasks)]
-        return {
+        out = {
             "groups": groups,
             "timers": {"generation": stats["sampling_s"], "env": t_rollout - stats["sampling_s"]},
             "generated_tokens": stats["sampled_tokens"],
@@ -210,6 +213,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             "weights_digest": weights_digest(self.module.get_state()),
             "node_id": ray.get_runtime_context().get_node_id(),
         }
+        if score:
+            scored = self.score(groups=groups)
+            out.update(groups=scored["groups"], judge_s=scored["seconds"])
+        return out
 
     def score(self, *, groups: list[RolloutGroup]) -> dict:
         """One reward call per group: the groups with their ``GroupScore``, in the same order,

@@ -15,7 +15,15 @@
     tune.Tuner("GRPO", param_space=config).fit()   # (or tune.Tuner(GRPO, ...) without it)
 
 The knobs, their defaults and bounds are declared once, in ``algos/config.py``.
-``training_step`` is the whole iteration: sample, score, credit, update, sync.
+``training_step`` is the whole iteration: sample, score, credit, update, sync. With
+``rollout.pipeline: one_step`` the next iteration's sample is drawn while this one learns:
+
+    off       sample_k(v_k) score_k | credit update -> v_k+1 | sync
+    one_step  wait for sample_k(v_k-1), scored | sync v_k | start sample_k+1(v_k) | credit update -> v_k+1
+
+so every iteration after the first learns from rollouts one update old (recorded per group as
+``policy_version``; the loss's ratio takes the drawing policy's log-probs). The first
+iteration of a run, and the first after a restore or an evaluation, samples on the spot.
 """
 
 from __future__ import annotations
@@ -63,6 +71,9 @@ _POLICY = {"model" if attr == "policy_model" else attr for attr, path in KNOBS.i
 # A checkpoint's subfolder holding the LoRA adapter in PEFT's own format.
 ADAPTER_DIR = "adapter"
 
+# The tag of the env runners' calls that sample the next iteration while this one learns.
+DRAWN_AHEAD = "drawn_ahead"
+
 _TRAINING = {attr for attr, path in KNOBS.items()
              if path.split(".")[0] in ("rollout", "reward", "credit", "optim")} | {"task_ids", "output_dir",
                                                                                    "restore_from", "sync_timeout_s"}
@@ -87,6 +98,10 @@ class GRPOConfig(AlgorithmConfig):
         # constructor, a failed sample), instead of the runner being dropped silently and a
         # later call finding no runner at all.
         self.restart_failed_env_runners = False
+        # Our env runners have no connector state: RLlib's gathering of it after each
+        # iteration would only wait on them (behind a sample drawn ahead, for a whole sample).
+        self.merge_env_runner_states = False
+        self.broadcast_env_runner_states = False
 
     @classmethod
     def from_run_config(cls, run: RunConfig, *, output_dir: str | None = None) -> GRPOConfig:
@@ -140,6 +155,12 @@ class GRPOConfig(AlgorithmConfig):
         if self.in_evaluation:  # RLlib's evaluation copy runs no rollouts of ours
             values.pop("num_env_runners")
         check_knobs(values)
+        if self.pipeline == "one_step" and not self.in_evaluation:
+            accepts = inspect.signature(CREDIT_RULES.get(self.credit)).parameters
+            if "continue_fn" in accepts and self.credit_options.get("continue_fn") is None:
+                raise ConfigError(f"rollout.pipeline: one_step with credit {self.credit!r}: its continuations run "
+                                  "on the env runners, which are sampling the next iteration while credit is "
+                                  "computed; set the pipeline off for this credit rule")
         if self.sampler == "vllm" and not self.in_evaluation:
             from draco_gym.algos.policy.vllm_runtime import SetupError, VLLMRuntime
 
@@ -203,6 +224,8 @@ class GRPO(Algorithm):
         self._reward_and_outcome: list[tuple[float, float | None]] = []  # per iteration
         self._divergence_warned = False
         self._tune_checkpoint: Path | None = None
+        self._sampler_version: int | None = None  # updates in the env runners' weights (None: the learner's)
+        self._ahead: tuple[int, tuple[int, ...], int] | None = None  # (iteration, runners, version) drawing ahead
         if self.config.restore_from:
             # Inside Tune too: the trial starts from the checkpoint's adapter, optimizer state
             # and iteration count, so the task draws and seeds continue where they left off.
@@ -225,22 +248,78 @@ class GRPO(Algorithm):
     def training_step(self) -> None:
         timers: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         start = time.perf_counter()
-        groups, sampled = self.sample(self.sample_tasks(self.iteration), seed=self._iteration_seed(self.iteration),
-                                      stream_scoring=self.config.scoring == "streaming")
-        groups, scored = self.score(groups)
+        pipelined = self.config.pipeline == "one_step"
+        if pipelined:
+            waited = time.perf_counter()
+            groups, sampled, judge_s = self._take_drawn_ahead(self.iteration)
+            waited = time.perf_counter() - waited
+            with _timed(timers, "sync"):
+                self.sync_weights(version=self.iteration)
+            self._draw_ahead(self.iteration + 1)
+        else:
+            groups, sampled = self.sample(self.sample_tasks(self.iteration), seed=self._iteration_seed(self.iteration),
+                                          stream_scoring=self.config.scoring == "streaming")
+            groups, scored = self.score(groups)
+            judge_s = scored["judge"]
         self._stop_on_dead_judge(groups)
         with _timed(timers, "credit"):
             batch = apply_credit(groups, self.credit_rule())
         with _timed(timers, "learner"):
             self.update(batch)
-        with _timed(timers, "sync"):
-            self.sync_weights()
+        if not pipelined:
+            with _timed(timers, "sync"):
+                self.sync_weights(version=self.iteration + 1)
         if self.rollout_log:
             self.rollout_log.write(groups, iteration=self.iteration, step_advantages=batch.step_advantages)
-        timers.update(sampled["timers"], judge=scored["judge"])
+        timers.update(sampled["timers"], judge=judge_s)
         metrics = iteration_metrics(groups, batch, timers, time.perf_counter() - start, sampled["generated_tokens"])
+        staleness = [self.iteration - group.policy_version for group in groups]
+        metrics["env_runners/policy_staleness_mean"] = float(np.mean(staleness))
+        metrics["env_runners/policy_staleness_max"] = max(staleness)
+        if pipelined:  # the part of the sampling this iteration did not hide behind the last one's learning
+            metrics["timers/waited_for_sample"] = waited
         self._watch_reward_against_outcome(metrics)
         self._log(metrics)
+
+    def _draw_ahead(self, iteration: int) -> None:
+        """Start sampling and scoring ``iteration`` on the env runners, with the weights they
+        hold now, without waiting (``_take_drawn_ahead`` collects it)."""
+        tasks = self.sample_tasks(iteration)
+        ids, kwargs = self._sample_calls(tasks, seed=self._iteration_seed(iteration),
+                                         stream_scoring=self.config.scoring == "streaming", score=True)
+        made = self.env_runner_group.foreach_env_runner_async("sample", tag=DRAWN_AHEAD, kwargs=kwargs,
+                                                              remote_worker_ids=list(ids))
+        if made != len(ids):
+            raise RuntimeError(f"{len(ids) - made} of {len(ids)} env runners refused to sample ahead: each must be "
+                               "idle (max_requests_in_flight_per_env_runner)")
+        self._ahead = (iteration, ids, self.sampler_version)
+
+    def _take_drawn_ahead(self, iteration: int) -> tuple[list[RolloutGroup], dict, float]:
+        """The scored groups of ``iteration``: the ones drawn ahead when they are that
+        iteration's, else (the first iteration, after a restore or an evaluation) sampled and
+        scored now. Returns them, the sampling figures and the judge's seconds."""
+        if self._ahead is None or self._ahead[0] != iteration:
+            self._drop_drawn_ahead()
+            groups, sampled = self.sample(self.sample_tasks(iteration), seed=self._iteration_seed(iteration),
+                                          stream_scoring=self.config.scoring == "streaming")
+            groups, scored = self.score(groups)
+            return groups, sampled, scored["judge"]
+        _, ids, version = self._ahead
+        outs = self._collect_drawn_ahead(ids)
+        return *self._gathered(ids, outs, version), max(out["judge_s"] for out in outs)
+
+    def _collect_drawn_ahead(self, ids: tuple[int, ...]) -> list[dict]:
+        self._ahead = None
+        answers = dict(self.env_runner_group.fetch_ready_async_reqs(tags=DRAWN_AHEAD, timeout_seconds=None))
+        outs = [answers[i] for i in ids if i in answers]
+        _check_answered(outs, ids, "returned no episodes")
+        return outs
+
+    def _drop_drawn_ahead(self) -> None:
+        """Wait for a sample drawn ahead that will not be learned from (its policy was
+        replaced, or the run ends) and drop it: the env runners are free again."""
+        if self._ahead is not None:
+            self._collect_drawn_ahead(self._ahead[1])
 
     def _stop_on_dead_judge(self, groups: list[RolloutGroup]) -> None:
         """A judge that answers nothing would zero every reward in silence (the policy then
@@ -280,22 +359,36 @@ class GRPO(Algorithm):
     def sample(self, tasks: list[str], *, seed: int, temperature: float | None = None,
                group_size: int | None = None, stream_scoring: bool = False) -> tuple[list[RolloutGroup], dict]:
         """G episodes of each task with the current policy, the tasks sharded over the env
-        runners. Returns the groups (unscored, in task order) and the slowest runner's phase
-        times (runners work in parallel) and the tokens generated. ``stream_scoring``: each
-        runner hands a group to its reward as soon as the group's episodes end, and ``score``
-        then waits only for the groups still being judged."""
-        ids, shards = _shard(self.env_runner_group, tasks)
-        # Exactly one kwargs dict per actor: foreach_env_runner drops the dicts beyond that.
-        kwargs = [{"tasks": shard, "group_size": group_size or self.config.group_size, "seed": seed + 7919 * i,
-                   "temperature": temperature, "stream_scoring": stream_scoring} for i, shard in enumerate(shards)]
+        runners. Returns the groups (unscored, in task order, each with the ``policy_version``
+        that drew it) and the slowest runner's phase times (runners work in parallel) and the
+        tokens generated. ``stream_scoring``: each runner hands a group to its reward as soon
+        as the group's episodes end, and ``score`` then waits only for the groups still being
+        judged."""
+        self._drop_drawn_ahead()
+        ids, kwargs = self._sample_calls(tasks, seed=seed, temperature=temperature, group_size=group_size,
+                                         stream_scoring=stream_scoring)
         outs = self.env_runner_group.foreach_env_runner("sample", local_env_runner=False, remote_worker_ids=list(ids),
                                                         kwargs=kwargs)
         _check_answered(outs, ids, "returned no episodes")
+        return self._gathered(ids, outs, self.sampler_version)
+
+    def _sample_calls(self, tasks: list[str], *, seed: int, temperature: float | None = None,
+                      group_size: int | None = None, stream_scoring: bool = False,
+                      score: bool = False) -> tuple[tuple[int, ...], list[dict]]:
+        """The env runners to call and, for each, its ``LLMEnvRunner.sample`` keywords: its
+        share of the tasks and its own seed."""
+        ids, shards = _shard(self.env_runner_group, tasks)
+        # Exactly one kwargs dict per actor: foreach_env_runner drops the dicts beyond that.
+        return ids, [{"tasks": shard, "group_size": group_size or self.config.group_size, "seed": seed + 7919 * i,
+                      "temperature": temperature, "stream_scoring": stream_scoring, "score": score}
+                     for i, shard in enumerate(shards)]
+
+    def _gathered(self, ids: tuple[int, ...], outs: list[dict], version: int) -> tuple[list[RolloutGroup], dict]:
         # Which weights each runner sampled with: the newest, after a sync (tests check it).
         self.sampled_weights = {i: {"seq_no": out[WEIGHTS_SEQ_NO], "digest": out["weights_digest"],
                                     "node_id": out["node_id"]} for i, out in zip(ids, outs)}
         timers = {phase: max(out["timers"][phase] for out in outs) for phase in outs[0]["timers"]}
-        groups = [g for out in outs for g in out["groups"]]
+        groups = [g.drawn_by(version) for out in outs for g in out["groups"]]
         return groups, {"timers": timers, "generated_tokens": sum(out["generated_tokens"] for out in outs)}
 
     def score(self, groups: list[RolloutGroup]) -> tuple[list[RolloutGroup], dict]:
@@ -337,7 +430,9 @@ class GRPO(Algorithm):
         """One learner step per minibatch of trajectories, ``num_epochs`` times."""
         cfg = self.config
         arrays = token_batch(batch.trajectories, batch.token_advantages, pad_id=0)
-        if cfg.recompute_old_logprobs or (cfg.recompute_old_logprobs is None and cfg.sampler == "vllm"):
+        # (one_step: the drawing policy is an update behind the learner; only the sampler has its log-probs)
+        default = cfg.sampler == "vllm" and cfg.pipeline == "off"
+        if cfg.recompute_old_logprobs or (cfg.recompute_old_logprobs is None and default):
             results = self.learner_group.foreach_learner(
                 lambda learner, b=arrays: learner.policy_logprobs(b, DEFAULT_MODULE_ID))
             first = next(iter(results))  # a list (local learner) or RemoteCallResults
@@ -376,10 +471,18 @@ class GRPO(Algorithm):
         self.metrics.log_value((LEARNER_RESULTS, ALL_MODULES, "sampler_logp_max_abs_diff"), diff, window=1)
         self.metrics.log_value((LEARNER_RESULTS, ALL_MODULES, "sampler_ratio_max_abs_dev"), ratio, window=1)
 
-    def sync_weights(self) -> None:
-        """The learner's LoRA weights to every env runner: the next rollouts are on-policy."""
+    def sync_weights(self, *, version: int | None = None) -> None:
+        """The learner's LoRA weights to every env runner: the next rollouts are on-policy.
+        ``version``: the updates in those weights (default: the iterations done)."""
+        self._drop_drawn_ahead()
         self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True,
                                            timeout_seconds=self.config.sync_timeout_s)
+        self._sampler_version = version
+
+    @property
+    def sampler_version(self) -> int:
+        """The updates in the weights the env runners sample with (a group's ``policy_version``)."""
+        return self.iteration if self._sampler_version is None else self._sampler_version
 
     def restore_from_path(self, path, *args, **kwargs) -> None:
         """RLlib's restore of a complete checkpoint (an incomplete one raises
@@ -396,7 +499,9 @@ class GRPO(Algorithm):
                 require_complete(path)
             check_adapter_base(Path(path) / ADAPTER_DIR, self.config.model_path,
                                fix=f"build the algorithm with .policy(model={str(adapter_base(Path(path) / ADAPTER_DIR))!r})")
+        self._drop_drawn_ahead()
         super().restore_from_path(path, *args, **kwargs)
+        self._sampler_version = None
         state = self.learner_group.get_state(components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}",
                                              inference_only=True)[COMPONENT_LEARNER]
         restored = {COMPONENT_RL_MODULE: ray.put(state[COMPONENT_RL_MODULE]), WEIGHTS_SEQ_NO: state[WEIGHTS_SEQ_NO],
@@ -414,6 +519,15 @@ class GRPO(Algorithm):
                                   (NUM_EPISODES, NUM_EPISODES_LIFETIME)):
             self.metrics.log_value((ENV_RUNNER_RESULTS, lifetime), metrics[f"{ENV_RUNNER_RESULTS}/{counter}"],
                                    reduce="lifetime_sum")
+
+    def cleanup(self) -> None:
+        """RLlib's, once a sample drawn ahead is in (at most one iteration's sampling: the
+        env runners finish it before they can stop)."""
+        try:
+            self._drop_drawn_ahead()
+        except Exception:  # noqa: BLE001 - a runner that failed is stopped all the same
+            logger.exception("the sample drawn ahead failed; stopping anyway")
+        super().cleanup()
 
     # -- checkpoints ---------------------------------------------------------------------------
 
