@@ -414,7 +414,9 @@ def test_sample_names_env_runners_that_returned_nothing():
 
     runners = SimpleNamespace(healthy_env_runner_ids=lambda: [1, 2],
                               foreach_env_runner=lambda *args, **kwargs: [])
-    algo = SimpleNamespace(env_runner_group=runners, config=SimpleNamespace(group_size=2))
+    algo = SimpleNamespace(env_runner_group=runners, config=SimpleNamespace(group_size=2),
+                           _drop_drawn_ahead=lambda: None)
+    algo._sample_calls = lambda *args, **kwargs: GRPO._sample_calls(algo, *args, **kwargs)
     with pytest.raises(RuntimeError, match="2 of 2 env runners returned no episodes"):
         GRPO.sample(algo, ["a", "b"], seed=0)
 

@@ -28,12 +28,17 @@ def test_one_step_learns_from_rollouts_one_update_old_and_resumes_without_a_gap(
     algo = make_config(tiny_model, tmp_path / "run").training(pipeline="one_step").build_algo()
     try:
         draws = [algo.sample_tasks(k) for k in range(4)]
+        on_the_spot, sample = [], algo.sample
+        algo.sample = lambda *args, **kwargs: on_the_spot.append(algo.iteration) or sample(*args, **kwargs)
         results, learner_digests = [], []
         for _ in range(3):
             results.append(algo.train())
             learner_digests.append(weights_digest(lora_state(algo)))
         # iteration 2 was drawn with the weights after iteration 0's update (version 1)
         assert {w["digest"] for w in algo.sampled_weights.values()} == {learner_digests[0]}
+        # only the first iteration waits for a sample of its own; the others were drawn while
+        # the one before them learned
+        assert on_the_spot == [0]
         ckpt = algo.save_to_path(str(tmp_path / "ckpt"))  # while iteration 3 is being drawn ahead
     finally:
         algo.stop()
