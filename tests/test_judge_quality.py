@@ -289,6 +289,7 @@ def test_the_progress_judge_keeps_a_one_slot_server_to_one_request():
 # -- the bench end to end -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_bench_end_to_end_against_an_openai_protocol_server(monkeypatch, capsys, tmp_path, source):
     """One group, a rule judge behind a real socket: it passes the reference and fails the
     others citing their last step, so it finds the truncated rollout's fault only."""

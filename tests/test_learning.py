@@ -30,7 +30,7 @@ def corridor_policy(tmp_path_factory):
     return build_corridor_policy(tmp_path_factory.mktemp("corridor_policy"))
 
 
-@pytest.mark.parametrize("pipeline", ["off", "one_step"])
+@pytest.mark.parametrize("pipeline", ["off", pytest.param("one_step", marks=pytest.mark.slow)])
 def test_grpo_raises_success_from_chance(ray_session, corridor_policy, pipeline):
     """With ``rollout.pipeline: one_step`` too: every iteration after the first learns from
     rollouts one update old, through the ratio of the policy that drew them."""

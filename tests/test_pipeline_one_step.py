@@ -24,6 +24,7 @@ def logged(run_dir) -> list[tuple[int, str, int]]:
     return [(r["iteration"], r["task_id"], r["policy_version"]) for r in records if r["index"] == 0]
 
 
+@pytest.mark.slow
 def test_one_step_learns_from_rollouts_one_update_old_and_resumes_without_a_gap(ray_session, tiny_model, tmp_path):
     algo = make_config(tiny_model, tmp_path / "run").training(pipeline="one_step").build_algo()
     try:
@@ -64,17 +65,6 @@ def test_one_step_learns_from_rollouts_one_update_old_and_resumes_without_a_gap(
     assert [k for k, *_ in logged(tmp_path / "run")] == sorted(k for k in range(4) for _ in draws[k])
 
 
-def test_without_the_pipeline_every_group_is_drawn_by_the_newest_weights(ray_session, tiny_model, tmp_path):
-    algo = make_config(tiny_model, tmp_path / "run").build_algo()
-    try:
-        results = [algo.train() for _ in range(2)]
-    finally:
-        algo.stop()
-    assert [k - v for k, _, v in logged(tmp_path / "run")] == [0] * 4
-    assert [r["env_runners"]["policy_staleness_max"] for r in results] == [0, 0]
-    assert "waited_for_sample" not in results[0]["timers"]
-
-
 def test_one_step_refuses_a_recomputed_ratio_and_a_credit_rule_that_needs_the_runners(tiny_model):
     run = {"env": {"id": "draco_gym/PythonTools-v0"}, "policy": {"model": str(tiny_model)},
            "rollout": {"pipeline": "one_step"}}
@@ -84,37 +74,3 @@ def test_one_step_refuses_a_recomputed_ratio_and_a_credit_rule_that_needs_the_ru
     with pytest.raises(ConfigError, match="one_step with credit 'prover'"):
         make_config(tiny_model, None).training(pipeline="one_step", credit="prover",
                                                credit_options={"base_advantage": "reward"}).validate()
-
-
-@pytest.mark.slow
-def test_the_train_command_resumes_a_pipelined_run_without_repeating_or_dropping_an_iteration(tmp_path, capsys):
-    """``draco-gym train`` with ``rollout.pipeline: one_step`` (Tune, a checkpoint each
-    iteration), then ``--resume`` to more iterations: each iteration is in metrics.jsonl and
-    rollouts.jsonl once, with the tasks of its own draw; the resumed first iteration samples
-    with the restored weights (staleness 0), the ones after it are one update stale."""
-    import yaml
-
-    from draco_gym.algos.policy.models import build_tiny_llama
-    from draco_gym.cli import main
-
-    out = tmp_path / "run"
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": "piped", "output_dir": str(out), "iterations": 2,
-        "env": {"id": "draco_gym/PythonTools-v0", "config": {"max_turns": 2}},
-        "policy": {"model": str(build_tiny_llama(tmp_path / "tiny")), "lora": {"r": 4, "alpha": 8}},
-        "rollout": {"group_size": 2, "tasks_per_iteration": 2, "max_new_tokens": 8, "max_response_tokens": 64,
-                    "pipeline": "one_step"},
-        "reward": {"name": "rule"}, "optim": {"minibatch_size": None},
-        "checkpoint": {"every": 1, "keep": 1},
-        "resources": {"ray_num_cpus": 2, "object_store_memory_mb": 80},
-    }))
-    assert main(["train", str(path)]) == 0
-    assert main(["train", str(path), "--resume", str(out / "checkpoint"), "--iterations", "4"]) == 0
-    assert "[iter 4/4]" in capsys.readouterr().out
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["training_iteration"] for r in rows] == [1, 2, 3, 4]
-    assert [r["env_runners/policy_staleness_max"] for r in rows] == [0, 1, 0, 1]
-    groups = logged(out)
-    assert [k for k, *_ in groups] == [0, 0, 1, 1, 2, 2, 3, 3]
-    assert [k - v for k, _, v in groups] == [0, 0, 1, 1, 0, 0, 1, 1]

@@ -35,6 +35,7 @@ def reference_accuracy(model_dir, task_ids) -> float:
     return sum(same) / len(same)
 
 
+@pytest.mark.slow
 def test_sft_command_teaches_the_reference_solutions(tmp_path, capsys):
     from draco_gym.bench.learning_setting import ENV_CONFIG, build_corridor_policy
 

@@ -17,7 +17,7 @@ from ray.rllib.algorithms.algorithm import Algorithm  # noqa: E402
 
 from grpo_fixtures import lora_state, make_config, runner_state  # noqa: E402
 
-from draco_gym.algos.rllib.grpo import GRPO, GRPOConfig  # noqa: E402
+from draco_gym.algos.rllib.grpo import GRPO  # noqa: E402
 
 def test_two_iterations_checkpoint_and_exact_resume(ray_session, tiny_model, tmp_path):
     algo = make_config(tiny_model, tmp_path / "run").build_algo()
@@ -67,9 +67,14 @@ def test_two_iterations_checkpoint_and_exact_resume(ray_session, tiny_model, tmp
 
     rollouts = [json.loads(line) for line in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rollouts] == [0] * 6 + [1] * 6 + [1] * 6
+    # without rollout.pipeline every group is drawn by the newest weights
+    assert [r["policy_version"] for r in rollouts] == [r["iteration"] for r in rollouts]
+    assert [r["env_runners"]["policy_staleness_max"] for r in (first, second, again)] == [0, 0, 0]
+    assert "waited_for_sample" not in first["timers"]
     assert [r["trajectory"]["token_ids"] for r in rollouts[6:12]] == [r["trajectory"]["token_ids"] for r in rollouts[12:]]
 
 
+@pytest.mark.slow
 def test_restore_puts_the_checkpoint_policy_on_every_env_runner(ray_session, tiny_model, tmp_path):
     """Restoring into a live trainer: an older checkpoint, while an earlier weight push to the
     runner is still in flight. RLlib's own push after a restore is dropped in that case (one
