@@ -4,9 +4,10 @@ Two doors lead to the same declarations:
 
 - a YAML file (``draco-gym train CONFIG.yaml``): ``load_config`` reads it into a ``RunConfig``,
   the sections below, and rejects an unknown key with the closest known one;
-- Python: ``GRPOConfig().training(group_size=4, ...)``. ``GRPOConfig``'s attributes are the
-  knobs of ``KNOBS``; their defaults come from the fields here and ``GRPOConfig.validate``
-  checks them against the same fields (``check_knobs``).
+- Python: ``GRPOConfig().training(group_size=4, ...)`` fills in the same ``RunConfig``
+  (``GRPOConfig.run``; the keyword is the field's name) and ``GRPOConfig.validate`` checks it
+  against the same fields. The trainer reads every knob from there (``config.run.rollout``,
+  ``config.run.optim``).
 
 ``python -m draco_gym.algos.config`` prints every key with its default and meaning. A file
 may start with ``base: other.yaml`` (a path relative to it) and override only what follows,
@@ -447,87 +448,24 @@ def reject_literal_secrets(options: Any, where: str) -> None:
             reject_literal_secrets(value, f"{where}.{key}")
 
 
-# -- GRPOConfig's attributes are these knobs -------------------------------------------------
-
-# GRPOConfig attribute -> its key in the run schema. ``env``, ``env_config``, ``seed``, ``lr``,
-# ``grad_clip``, ``minibatch_size``, ``num_epochs`` and the resources are RLlib's own
-# AlgorithmConfig attributes, which RLlib reads too.
-KNOBS: dict[str, str] = {
-    "env": "env.id",
-    "env_config": "env.config",
-    "env_modules": "env.modules",
-    "task_ids": "env.task_ids",
-    "seed": "seed",
-    **{"policy_model" if key == "model" else key: f"policy.{key}" for key in PolicySection.model_fields},
-    **{key: f"rollout.{key}" for key in RolloutSection.model_fields},
-    "reward": "reward.name",
-    "reward_options": "reward.options",
-    "dead_judge_groups": "reward.dead_judge_groups",
-    "credit": "credit.name",
-    "credit_options": "credit.options",
-    "turns_without_code": "credit.turns_without_code",
-    **{key: f"optim.{key}" for key in OptimSection.model_fields},
-    **{key: f"resources.{key}" for key in ResourcesSection.model_fields
-       if key not in ("ray_address", "ray_num_cpus", "object_store_memory_mb")},  # the command's, before Ray exists
-}
+# -- a run not yet validated ------------------------------------------------------------------
 
 
-def knob_defaults() -> dict[str, Any]:
-    """Each knob's declared default (required knobs, the env and the model, have none)."""
-    out = {}
-    for attr, path in KNOBS.items():
-        section, _, key = path.rpartition(".")
-        field = (_SECTIONS[section] if section else RunConfig).model_fields[key]
-        if not field.is_required():
-            value = field.get_default(call_default_factory=True)
-            out[attr] = value.model_dump() if isinstance(value, BaseModel) else value
-    return out
+def draft_run(data: dict[str, Any] | None = None) -> RunConfig:
+    """A ``RunConfig`` built from ``data`` without validation, nested sections included, the
+    declared defaults for the rest: what ``GRPOConfig`` holds while its builder methods fill
+    it in (no env or model yet), until ``GRPOConfig.validate`` checks the finished run."""
+    return _construct(RunConfig, data or {"env": {"id": None}, "policy": {"model": None}})
 
 
-def knob_values(run: RunConfig) -> dict[str, Any]:
-    """A validated run's knobs by ``GRPOConfig`` attribute name."""
-    out = {}
-    for attr, path in KNOBS.items():
-        value: Any = run
-        for part in path.split("."):
-            value = getattr(value, part)
-        out[attr] = value.model_dump() if isinstance(value, BaseModel) else value
-    return out
-
-
-def check_knobs(values: dict[str, Any]) -> RunConfig:
-    """Validate knobs given by attribute name against the schema; errors name the attribute."""
-    raw: dict[str, Any] = {}
-    for attr, path in KNOBS.items():
-        if attr not in values or (values[attr] is None and path in ("env.id", "policy.model")):
-            continue
-        *sections, key = path.split(".")
-        node = raw
-        for part in sections:
-            node = node.setdefault(part, {})
-        node[key] = values[attr]
-    try:
-        return RunConfig.model_validate(raw)
-    except ValidationError as exc:
-        back = {path: attr for attr, path in KNOBS.items()}
-        problems = []
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"])
-            name = next((back[p] + loc[len(p):] for p in sorted(back, key=len, reverse=True)
-                         if loc == p or loc.startswith(p + ".")), loc)
-            if err["type"] == "missing":
-                hint = {"env.id": ".environment(env=...)", "policy.model": ".policy(model=...)"}.get(loc, "")
-                problems.append(f"{name} is not set{': call ' + hint if hint else ''}")
-            else:
-                msg = err["msg"].removeprefix("Value error, ")
-                problems.append(f"{name}: {msg}" if name else msg)
-        raise ConfigError("GRPOConfig: " + "; ".join(problems)) from None
-
-
-_SECTIONS: dict[str, type[BaseModel]] = {
-    name: field.annotation for name, field in RunConfig.model_fields.items()
-    if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
-}
+def _construct(model: type[BaseModel], data: dict[str, Any]) -> BaseModel:
+    values = {}
+    for name, value in data.items():
+        field = model.model_fields.get(name)
+        section = field.annotation if field is not None else None
+        nested = isinstance(section, type) and issubclass(section, BaseModel) and isinstance(value, dict)
+        values[name] = _construct(section, value) if nested else value
+    return model.model_construct(**values)
 
 
 # -- reading a file ---------------------------------------------------------------------------

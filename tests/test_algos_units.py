@@ -396,7 +396,7 @@ def test_policy_judge_answers_with_the_policy_and_plugs_into_the_dynamic_reward(
     chat = ChatFormat.from_tokenizer(tok)
     runner = SimpleNamespace(tokenizer=tok, module=module, chat=chat,
                              sampler=TorchSampler(module.lm, eos_ids=chat.eos_ids, pad_id=tok.pad_token_id),
-                             config=SimpleNamespace(policy_model=str(path)))
+                             config=SimpleNamespace(run=SimpleNamespace(policy=SimpleNamespace(model=str(path)))))
     judge = PolicyJudge(runner)
     reply = asyncio.run(judge.complete([{"role": "user", "content": "Score this."}], max_tokens=6, temperature=1.0))
     assert reply.prompt_tokens > 0 and 1 <= reply.completion_tokens <= 6 and isinstance(reply.text, str)
@@ -414,7 +414,7 @@ def test_sample_names_env_runners_that_returned_nothing():
 
     runners = SimpleNamespace(healthy_env_runner_ids=lambda: [1, 2],
                               foreach_env_runner=lambda *args, **kwargs: [])
-    algo = SimpleNamespace(env_runner_group=runners, config=SimpleNamespace(group_size=2),
+    algo = SimpleNamespace(env_runner_group=runners, config=SimpleNamespace(run=SimpleNamespace(rollout=SimpleNamespace(group_size=2))),
                            _drop_drawn_ahead=lambda: None)
     algo._sample_calls = lambda *args, **kwargs: GRPO._sample_calls(algo, *args, **kwargs)
     with pytest.raises(RuntimeError, match="2 of 2 env runners returned no episodes"):

@@ -50,9 +50,9 @@ def test_each_rule_runs_on_a_group(name):
 def test_trainer_config_selects_each_rule(name):
     grpo = pytest.importorskip("draco_gym.algos.rllib.grpo")
     config = grpo.GRPOConfig().training(credit=name, credit_options=OPTIONS[name])
-    assert config.credit == name
+    assert config.run.credit.name == name
     trajs, group = _group()
-    rule = get_credit_rule(config.credit, **config.credit_options)
+    rule = get_credit_rule(config.run.credit.name, **config.run.credit.options)
     assert len(rule(trajs, group, group_advantages(group.rewards))) == 3
 
 
@@ -105,7 +105,8 @@ def test_trainer_supplies_what_only_it_has():
     grpo = pytest.importorskip("draco_gym.algos.rllib.grpo")
 
     def algo(credit, options):
-        config = SimpleNamespace(credit=credit, credit_options=options, model_path="/models/base")
+        run = SimpleNamespace(credit=SimpleNamespace(name=credit, options=options))
+        config = SimpleNamespace(run=run, model_path="/models/base")
         return SimpleNamespace(config=config, env_runner_group=object())
 
     prover = grpo.GRPO.credit_options(algo("prover", {"judge": "openai", "K": 4}))
@@ -128,9 +129,9 @@ def test_shipped_configs_select_each_rule(name, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "test-only")
     path = Path(__file__).resolve().parents[1] / "configs" / f"pythontools_{name}.yaml"
     algo_config = grpo.GRPOConfig.from_run_config(load_config(path))
-    assert algo_config.credit == name and algo_config.env == "draco_gym/PythonTools-v0"
-    fake_algo = SimpleNamespace(config=SimpleNamespace(credit=algo_config.credit, credit_options=algo_config.credit_options,
-                                                       model_path="/models/base"), env_runner_group=object())
+    assert algo_config.run.credit.name == name and algo_config.env == "draco_gym/PythonTools-v0"
+    fake_algo = SimpleNamespace(config=SimpleNamespace(run=algo_config.run, model_path="/models/base"),
+                                env_runner_group=object())
     options = grpo.GRPO.credit_options(fake_algo)
     rule = get_credit_rule(name, **options)
     assert callable(rule)

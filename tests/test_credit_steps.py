@@ -378,8 +378,9 @@ def test_the_trainer_builds_its_rule_with_the_configured_step_boundary():
 
     grpo = pytest.importorskip("draco_gym.algos.rllib.grpo")
     config = grpo.GRPOConfig().training(turns_without_code="attach")
-    assert config.turns_without_code == "attach" and grpo.GRPOConfig().turns_without_code == "trajectory"
-    fake = SimpleNamespace(config=SimpleNamespace(credit="draco", turns_without_code="attach"), credit_options=dict)
+    assert config.run.credit.turns_without_code == "attach"
+    assert grpo.GRPOConfig().run.credit.turns_without_code == "trajectory"
+    fake = SimpleNamespace(config=config, credit_options=dict)
     rule = grpo.GRPO.credit_rule(fake)
     traj = closing_trajectory()
     assert rule([traj], group_of(traj), [1.0])[0] == pytest.approx([1.26, 168 / 220, 168 / 220])

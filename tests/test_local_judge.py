@@ -127,7 +127,8 @@ def tiny_tokenizer(tiny_model):
 
 def fake_runner(tokenizer):
     """What PolicyJudge reads of an env runner to build a prompt."""
-    return SimpleNamespace(config=SimpleNamespace(policy_model="tiny"), tokenizer=tokenizer)
+    return SimpleNamespace(config=SimpleNamespace(run=SimpleNamespace(policy=SimpleNamespace(model="tiny"))),
+                           tokenizer=tokenizer)
 
 
 def captured_messages(trajectory: Trajectory) -> list[dict[str, str]]:

@@ -178,7 +178,7 @@ def test_train_stops_on_return_and_feeds_wandb_and_mlflow(tiny_model, tmp_path, 
     assert history[0]["env_runners/episode_return_mean"] == pytest.approx(rows[0]["env_runners/episode_return_mean"])
     assert history[0]["learners/default_policy/kl"] == pytest.approx(rows[0]["learners/default_policy/kl"])
     assert history[0]["plots/rubric_pass_rate/_type"] == "image-file"
-    assert wandb_config["group_size"] == 2
+    assert wandb_config["run"]["rollout"]["group_size"] == 2
     assert list(run_file.parent.rglob("media/images/plots/rubric_pass_rate*.png"))
 
     # MLflow, the local store the config defaults to: scalars, the config as params, the plots.
@@ -186,7 +186,7 @@ def test_train_stops_on_return_and_feeds_wandb_and_mlflow(tiny_model, tmp_path, 
     (run,) = client.search_runs([client.get_experiment_by_name("trackers").experiment_id])
     assert run.data.metrics["env_runners/episode_return_mean"] == pytest.approx(
         rows[0]["env_runners/episode_return_mean"])
-    assert run.data.params["group_size"] == "2"
+    assert run.data.params["run/rollout/group_size"] == "2"
     artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
     assert (artifacts / "plots" / "rubric_pass_rate.png").stat().st_size > 1000
 

@@ -107,29 +107,66 @@ def test_grpo_config_carries_every_section(tmp_path):
     config = load_config(write(tmp_path, {**MINIMAL, "rollout": {"group_size": 5}, "credit": {"name": "uniform"},
                                           "optim": {"kl_coeff": 0.0, "minibatch_size": 4}}))
     algo = GRPOConfig.from_run_config(config)
-    assert (algo.group_size, algo.credit, algo.kl_coeff, algo.minibatch_size) == (5, "uniform", 0.0, 4)
-    assert algo.policy_model == "smollm2-135m-instruct" and algo.lora["r"] == 16
+    assert algo.run is config and algo.minibatch_size == 4  # RLlib reads its own attribute
+    assert (algo.run.rollout.group_size, algo.run.credit.name, algo.run.optim.kl_coeff) == (5, "uniform", 0.0)
+    assert algo.run.policy.model == "smollm2-135m-instruct" and algo.run.policy.lora.r == 16
 
 
-# -- one declaration per knob -----------------------------------------------------------------
+# -- one declaration per knob, one place to read it -------------------------------------------
 
 
 def test_every_knob_is_declared_once_with_a_meaning():
-    """GRPOConfig's knobs are the schema's fields: same defaults, each with a description."""
-    from draco_gym.algos.config import KNOBS, EpisodeLimits, LossConfig, RunConfig, knob_defaults
-    from draco_gym.algos.rllib.grpo import GRPOConfig
+    """GRPOConfig starts from the schema's own defaults, and every builder keyword names a
+    described field of it."""
+    from draco_gym.algos.config import EpisodeLimits, LossConfig, RunConfig
+    from draco_gym.algos.rllib.grpo import KEYWORDS, RLLIB_KNOBS, GRPOConfig
 
     config = GRPOConfig()
-    for attr, value in knob_defaults().items():
-        assert getattr(config, attr) == value, attr
+    assert config.run.rollout == RunConfig.model_fields["rollout"].default_factory()
+    assert config.run.optim == RunConfig.model_fields["optim"].default_factory()
     # the token budgets and the loss read the same declarations (256 vs 1024 once disagreed)
-    assert EpisodeLimits().max_new_tokens == config.max_new_tokens == RunConfig.model_fields["rollout"].default_factory().max_new_tokens
-    assert LossConfig().kl_coeff == config.kl_coeff
-    sections = {name: field.annotation for name, field in RunConfig.model_fields.items()}
-    for attr, path in KNOBS.items():
-        *section, key = path.split(".")
-        model = sections[section[0]] if section else RunConfig
-        assert model.model_fields[key].description, f"{path} has no description"
+    assert isinstance(config.run.rollout, EpisodeLimits) and isinstance(config.run.optim, LossConfig)
+    assert EpisodeLimits().max_new_tokens == config.run.rollout.max_new_tokens and LossConfig().kl_coeff == config.run.optim.kl_coeff
+    for attr in RLLIB_KNOBS[1:]:  # (RLlib's env stays None until .environment(...))
+        *section, key = KEYWORDS[attr]
+        field = (RunConfig.model_fields[section[0]].annotation if section else RunConfig).model_fields[key]
+        default = field.get_default(call_default_factory=True)
+        assert getattr(config, attr) == default, attr
+    for keyword, (*section, key) in KEYWORDS.items():
+        model = RunConfig.model_fields[section[0]].annotation if section else RunConfig
+        assert model.model_fields[key].description, f"{keyword} has no description"
+
+
+def test_a_knob_from_either_door_is_read_from_the_run_schema():
+    """The builder's keywords and RLlib's own builder methods land in the one RunConfig the
+    trainer reads; the loss and the episode budgets are its sections as they are."""
+    from draco_gym.algos.config import OptimSection, RolloutSection
+    from draco_gym.algos.rllib.grpo import GRPOConfig
+
+    config = (GRPOConfig().environment("draco_gym/PythonTools-v0", task_ids=["a"]).policy(model="/models/x", lora={"r": 4})
+              .training(group_size=5, kl_coeff=0.0, credit="uniform", lr=1e-3, max_new_tokens=32)
+              .env_runners(num_env_runners=2).debugging(seed=3))
+    run = config._checked_run()
+    assert (run.rollout.group_size, run.optim.kl_coeff, run.credit.name, run.optim.lr) == (5, 0.0, "uniform", 1e-3)
+    assert (run.resources.num_env_runners, run.seed, run.env.id, run.env.task_ids) == (2, 3, "draco_gym/PythonTools-v0", ["a"])
+    assert run.policy.lora.r == 4 and run.policy.lora.alpha == 32
+    assert type(run.optim) is OptimSection and type(run.rollout) is RolloutSection and run.rollout.max_new_tokens == 32
+    # Tune and RLlib copy a config through to_dict/from_dict: the run survives, as plain dicts on the way
+    back = GRPOConfig.from_dict(config.to_dict())
+    assert back._checked_run() == run and config.to_dict()["run"]["rollout"]["group_size"] == 5
+
+
+def test_the_flat_attributes_still_answer_with_a_deprecation_warning():
+    from draco_gym.algos.rllib.grpo import GRPOConfig
+
+    config = GRPOConfig().training(group_size=5)
+    with pytest.warns(DeprecationWarning, match="run.rollout.group_size"):
+        assert config.group_size == 5
+    with pytest.warns(DeprecationWarning, match="run.policy.model"):
+        config.policy_model = "/models/y"
+    assert config.run.policy.model == "/models/y"
+    with pytest.raises(AttributeError):
+        config.no_such_knob
 
 
 @pytest.mark.parametrize(
@@ -141,7 +178,9 @@ def test_every_knob_is_declared_once_with_a_meaning():
         (lambda c: c.training(credit="trca", credit_options={"step_weigth": 2.0}),
          ["credit_options", "did you mean 'step_weight'"]),
         (lambda c: c.training(reward_options={"judge": {"api_key": "sk-123"}}), ["reward_options", "api_key_env"]),
-        (lambda c: c.policy(model=None), ["policy_model is not set", ".policy(model=...)"]),
+        (lambda c: c.policy(model=None), ["model is not set", ".policy(model=...)"]),
+        (lambda c: c.training(lr=-1.0), ["GRPOConfig", "lr", "greater than 0"]),
+        (lambda c: c.env_runners(num_env_runners=0), ["num_env_runners", "greater than or equal to 1"]),
         (lambda c: c.environment(None), ["env is not set", ".environment(env=...)"]),
     ],
 )

@@ -159,7 +159,7 @@ def check_warm_start(config, model_dir: Path, trained: list[str], n: int) -> dic
     """Sampled episodes of a few held-out tasks with the warm-started policy
     (``policy.sft.check_policy``); prints the rates and the verdict, returns them."""
     from draco_gym.algos.policy.sft import check_policy
-    from draco_gym.algos.rllib.env_runner import episode_limits, make_env
+    from draco_gym.algos.rllib.env_runner import make_env
 
     tasks, held_out = check_tasks(config, trained, n)
     env_config = {**config.env.config, **config.eval.env_config}
@@ -167,7 +167,7 @@ def check_warm_start(config, model_dir: Path, trained: list[str], n: int) -> dic
     print(f"checking the warm-started policy on {len(tasks)} {where}, 2 episodes each at temperature "
           f"{config.rollout.temperature} ...", flush=True)
     check = check_policy(model_dir, lambda: make_env(config.env.id, env_config, config.env.modules), tasks,
-                         episode_limits(config.rollout), temperature=config.rollout.temperature,
+                         config.rollout, temperature=config.rollout.temperature,
                          dtype=config.policy.dtype, seed=config.seed)
     check["held_out"] = held_out
     print(check_summary(check), flush=True)

@@ -34,7 +34,7 @@ class PolicyJudge:
         self.constrained = constrained
         self.thinking = thinking
         self.thinking_tokens = thinking_tokens
-        self.model = f"policy:{runner.config.policy_model}"
+        self.model = f"policy:{runner.config.run.policy.model}"
         self._constraint = None
         self._lock = threading.Lock()  # one model, one generation at a time
 

@@ -29,7 +29,6 @@ from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 from draco_gym.types import RolloutGroup, Trajectory
 
 from draco_gym.algos.policy.chat import ChatFormat, eos_token_ids
-from draco_gym.algos.config import EpisodeLimits
 from draco_gym.algos.policy.rollout import Episode, run_episodes
 from draco_gym.algos.policy.streaming import GroupScorer, GroupWatch, uses_policy_judge
 
@@ -112,10 +111,6 @@ def weights_digest(state: dict) -> str:
 RESTORED = "restored"
 
 
-def episode_limits(config) -> EpisodeLimits:
-    return EpisodeLimits(**{key: getattr(config, key) for key in EpisodeLimits.model_fields})
-
-
 class LLMEnvRunner(EnvRunner, Checkpointable):
     def __init__(self, *, config, **kwargs) -> None:
         super().__init__(config=config, **kwargs)
@@ -129,13 +124,13 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self.module = config.get_rl_module_spec(spaces=self.get_spaces(), inference_only=True).build()
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
         self.chat = ChatFormat.from_tokenizer(self.tokenizer)
-        self.sampler = self._make_sampler(config.temperature)
+        self.sampler = self._make_sampler(config.run.rollout.temperature)
 
     def _make_sampler(self, temperature: float):
         from draco_gym.algos.policy.generation import TorchSampler
 
         eos = eos_token_ids(self.tokenizer, getattr(self.module.lm, "generation_config", None))
-        if self.config.sampler == "vllm":
+        if self.config.run.policy.sampler == "vllm":
             if getattr(self, "sampler", None) is not None:  # another temperature: the same engine
                 return self.sampler.with_temperature(temperature)
             return self._start_vllm(eos, temperature)
@@ -147,12 +142,11 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         runner's adapter from the start: no request ever goes without one."""
         from draco_gym.algos.rllib.vllm_sampler import VLLMSampler, lora_rank_slot, start_engine
 
-        limits = episode_limits(self.config)
+        policy, limits = self.config.run.policy, self.config.run.rollout
         self._engine, self.engine_info = start_engine(
-            self.config.model_path, dtype=self.config.dtype, max_lora_rank=lora_rank_slot(int(dict(self.config.lora).get("r", 16))),
-            max_model_len=limits.max_prompt_tokens + limits.max_response_tokens, seed=self.config.seed or 0,
-            kv_cache_gib=self.config.vllm_kv_cache_gib,
-            gpu_memory_utilization=self.config.vllm_gpu_memory_utilization)
+            self.config.model_path, dtype=policy.dtype, max_lora_rank=lora_rank_slot(int(dict(policy.lora).get("r", 16))),
+            max_model_len=limits.max_prompt_tokens + limits.max_response_tokens, seed=self.config.run.seed,
+            kv_cache_gib=policy.vllm_kv_cache_gib, gpu_memory_utilization=policy.vllm_gpu_memory_utilization)
         sampler = VLLMSampler(self._engine, eos_ids=eos, temperature=temperature)
         self._hand_adapter(sampler)
         return sampler
@@ -184,7 +178,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         t0 = time.perf_counter()
         sampler = self.sampler if temperature is None else self._make_sampler(temperature)
         self._ensure_envs(len(tasks) * group_size)
-        limits = episode_limits(self.config)
+        limits = self.config.run.rollout
         episodes = [
             Episode.start(self._envs[k], self.chat, limits, task_id=task, seed=seed + k)
             for k, task in enumerate(t for t in tasks for _ in range(group_size))
@@ -192,7 +186,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         stats: dict = {}
         self._drop_streamed()
         scorer = None
-        if stream_scoring and not uses_policy_judge(self.config.reward_options):
+        if stream_scoring and not uses_policy_judge(self.config.run.reward.options):
             scorer = GroupScorer(self.reward, len(tasks))
         try:
             trajectories = run_episodes(episodes, sampler, self.chat, limits, seed=seed, stats=stats,
@@ -243,7 +237,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         """K continuations of ``task_id`` after replaying ``messages`` (ProVer's restarts),
         with the current policy. Needs an environment with ``can_restore``."""
         self._ensure_envs(k)
-        limits = episode_limits(self.config)
+        limits = self.config.run.rollout
         episodes = [Episode.from_prefix(self._envs[i], self.chat, limits, task_id, messages) for i in range(k)]
         return run_episodes(episodes, self.sampler, self.chat, limits, seed=seed)
 
@@ -252,7 +246,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         if self._reward is None:
             from draco_gym.algos.policy.self_judge import build_trainer_reward
 
-            self._reward = build_trainer_reward(self.config.reward, dict(self.config.reward_options), self)
+            self._reward = build_trainer_reward(self.config.run.reward.name, dict(self.config.run.reward.options), self)
         return self._reward
 
     def _ensure_envs(self, n: int) -> None:
@@ -264,7 +258,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         ``gym.register`` need not run here), else from ``config.env``."""
         entry = getattr(self.config, "env_entry", None)
         return make_env(entry if entry is not None else self.config.env, self.config.env_config,
-                        self.config.env_modules)
+                        self.config.run.env.modules)
 
     # -- EnvRunner / Checkpointable contract -------------------------------------------------
 

@@ -33,6 +33,7 @@ import logging
 import shutil
 import tempfile
 import time
+import warnings
 from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,6 +41,7 @@ from typing import Any
 
 import numpy as np
 import ray
+from pydantic import BaseModel, ValidationError
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core import ALL_MODULES, COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
@@ -52,7 +54,7 @@ from ray.tune.result import TRAINING_ITERATION
 
 from draco_gym.algos.checkpoints import install, require_complete, resume_point, seal, staging_dir
 from draco_gym.algos.policy.batch import shard_rows, token_batch
-from draco_gym.algos.config import KNOBS, ConfigError, RunConfig, check_knobs, knob_defaults, knob_values
+from draco_gym.algos.config import ConfigError, RunConfig, draft_run
 from draco_gym.algos.credit import CREDIT_RULES, get_credit_rule
 from draco_gym.algos.credit.apply import CreditedBatch, apply_credit
 from draco_gym.algos.rllib.env_runner import RESTORED, LLMEnvRunner, env_source
@@ -66,28 +68,66 @@ from draco_gym.types import RolloutGroup
 
 logger = logging.getLogger(__name__)
 
-# Keywords of each builder method (RLlib's own ones pass through to it).
-_POLICY = {"model" if attr == "policy_model" else attr for attr, path in KNOBS.items() if path.startswith("policy.")}
 # A checkpoint's subfolder holding the LoRA adapter in PEFT's own format.
 ADAPTER_DIR = "adapter"
 
 # The tag of the env runners' calls that sample the next iteration while this one learns.
 DRAWN_AHEAD = "drawn_ahead"
 
-_TRAINING = {attr for attr, path in KNOBS.items()
-             if path.split(".")[0] in ("rollout", "reward", "credit", "optim")} | {"task_ids", "output_dir",
-                                                                                   "restore_from", "sync_timeout_s"}
+
+def _builder_keywords() -> dict[str, tuple[str, ...]]:
+    """GRPOConfig's builder keyword -> the field it sets in the run schema. A keyword is the
+    field's own name; a named component's name and options are KEY and KEY_options
+    (``.training(credit="trca", credit_options={...})``); the env's are RLlib's."""
+    out: dict[str, tuple[str, ...]] = {"env": ("env", "id"), "env_config": ("env", "config"),
+                                       "env_modules": ("env", "modules"), "task_ids": ("env", "task_ids"),
+                                       "seed": ("seed",)}
+    for section in ("policy", "rollout", "reward", "credit", "optim", "resources"):
+        for key in RunConfig.model_fields[section].annotation.model_fields:
+            keyword = {"name": section, "options": f"{section}_options"}.get(key, key) \
+                if section in ("reward", "credit") else key
+            assert keyword not in out, f"two knobs answer to {keyword!r}"
+            out[keyword] = (section, key)
+    for key in ("ray_address", "ray_num_cpus", "object_store_memory_mb"):  # the command's, before Ray exists
+        del out[key]
+    return out
+
+
+KEYWORDS = _builder_keywords()
+
+# The knobs RLlib reads itself: they stay AlgorithmConfig attributes, set by RLlib's builder
+# methods too (``.env_runners(num_env_runners=2)``, ``.debugging(seed=3)``), and
+# ``validate`` copies them into ``run``.
+RLLIB_KNOBS = ("env", "env_config", "seed", "lr", "grad_clip", "minibatch_size", "num_epochs", "num_env_runners",
+               "num_cpus_per_env_runner", "num_gpus_per_env_runner", "num_learners", "num_gpus_per_learner",
+               "custom_resources_per_env_runner")
+
+# Keywords of each builder method (RLlib's own ones pass through to it).
+_POLICY = {key for key, path in KEYWORDS.items() if path[0] == "policy"}
+_TRAINING = {key for key, path in KEYWORDS.items() if path[0] in ("rollout", "reward", "credit", "optim")} | {
+    "task_ids", "sync_timeout_s", "output_dir", "restore_from"}
+
+# Before ``GRPOConfig.run``, each knob was an attribute of its own: those names still read and
+# write the run's field, with a DeprecationWarning, for one release.
+_FLAT_ATTRIBUTES = {("policy_model" if key == "model" else key): path
+                    for key, path in KEYWORDS.items() if key not in RLLIB_KNOBS}
 
 
 class GRPOConfig(AlgorithmConfig):
-    """An RLlib ``AlgorithmConfig`` whose attributes are the run schema's knobs
-    (``algos/config.py``: defaults are DRACO's, Table 10, where the paper gives one)."""
+    """An RLlib ``AlgorithmConfig`` holding a run schema (``algos/config.py``; defaults are
+    DRACO's, Table 10, where the paper gives one) in ``run``: the builder methods fill it in
+    by field name (``.training(group_size=4)`` sets ``run.rollout.group_size``), ``validate``
+    checks it, and the trainer, env runners and learner read each knob from it
+    (``config.run.rollout.group_size``, ``config.run.optim`` for the loss). The knobs RLlib
+    reads itself (``RLLIB_KNOBS``: the env, seed, learning rate, batch sizes and resources)
+    are its own attributes as well, copied into ``run`` by ``validate``."""
 
     def __init__(self, algo_class=None) -> None:
         super().__init__(algo_class=algo_class or GRPO)
-        for attr, value in knob_defaults().items():
-            setattr(self, attr, value)
-        self.policy_model: str | None = None  # (AlgorithmConfig.model is the old stack's)
+        self.run: RunConfig = draft_run()
+        for attr in RLLIB_KNOBS:
+            if attr != "env":
+                setattr(self, attr, _field(self.run, KEYWORDS[attr]))
         self.output_dir: str | None = None  # rollouts.jsonl goes here when set
         self.restore_from: str | None = None  # a checkpoint to continue from (adapter, optimizer, iteration)
         # RLlib plumbing: our own runner, no policy copy in the driver
@@ -107,8 +147,9 @@ class GRPOConfig(AlgorithmConfig):
     def from_run_config(cls, run: RunConfig, *, output_dir: str | None = None) -> GRPOConfig:
         """The algorithm config a validated YAML run describes (``algos/config.py``)."""
         config = cls()
-        for attr, value in knob_values(run).items():
-            setattr(config, attr, value)
+        config.run = run
+        for attr in RLLIB_KNOBS:
+            setattr(config, attr, _field(run, KEYWORDS[attr]))
         config.output_dir = output_dir
         config.log_level = "WARN"
         return config
@@ -128,7 +169,7 @@ class GRPOConfig(AlgorithmConfig):
         """The policy: ``model`` (a local directory or ``"smollm2-135m-instruct"``), ``dtype``,
         ``lora``, ``sampler``, ``gradient_checkpointing``, ``torch_threads``."""
         _known(knobs, _POLICY, "policy")
-        return self._set({("policy_model" if k == "model" else k): v for k, v in knobs.items()})
+        return self._set(knobs)
 
     def training(self, **kwargs) -> GRPOConfig:
         """Rollout, reward, credit, loss and optimizer knobs, plus RLlib's own ``training`` keywords."""
@@ -140,28 +181,30 @@ class GRPOConfig(AlgorithmConfig):
 
     def _set(self, values: dict) -> GRPOConfig:
         for key, value in values.items():
-            setattr(self, key, value)
+            if key in RLLIB_KNOBS or key not in KEYWORDS:
+                setattr(self, key, value)
+            else:
+                self.run = _with_field(self.run, KEYWORDS[key], value)
         return self
 
     @property
     def model_path(self) -> str:
-        if not self.policy_model:
+        if not self.run.policy.model:
             raise ValueError("no policy model: call config.policy(model=...)")
-        return resolve_model(self.policy_model)
+        return resolve_model(self.run.policy.model)
 
     def validate(self) -> None:
+        run = self._checked_run()
+        if not self._is_frozen:
+            self.run = run
         super().validate()
-        values = {attr: getattr(self, attr) for attr in KNOBS}
-        if self.in_evaluation:  # RLlib's evaluation copy runs no rollouts of ours
-            values.pop("num_env_runners")
-        check_knobs(values)
-        if self.pipeline == "one_step" and not self.in_evaluation:
-            accepts = inspect.signature(CREDIT_RULES.get(self.credit)).parameters
-            if "continue_fn" in accepts and self.credit_options.get("continue_fn") is None:
-                raise ConfigError(f"rollout.pipeline: one_step with credit {self.credit!r}: its continuations run "
+        if run.rollout.pipeline == "one_step" and not self.in_evaluation:
+            accepts = inspect.signature(CREDIT_RULES.get(run.credit.name)).parameters
+            if "continue_fn" in accepts and run.credit.options.get("continue_fn") is None:
+                raise ConfigError(f"rollout.pipeline: one_step with credit {run.credit.name!r}: its continuations run "
                                   "on the env runners, which are sampling the next iteration while credit is "
                                   "computed; set the pipeline off for this credit rule")
-        if self.sampler == "vllm" and not self.in_evaluation:
+        if run.policy.sampler == "vllm" and not self.in_evaluation:
             from draco_gym.algos.policy.vllm_runtime import SetupError, VLLMRuntime
 
             try:
@@ -175,6 +218,26 @@ class GRPOConfig(AlgorithmConfig):
             if not self._is_frozen:
                 self.env_entry = entry
 
+    def _checked_run(self) -> RunConfig:
+        """``run`` with RLlib's own knobs copied in, validated against the schema; an error
+        names the builder keyword (``GRPOConfig: group_size: ...``)."""
+        raw = self.run.model_dump(warnings=False)
+        for attr in RLLIB_KNOBS:
+            if attr == "num_env_runners" and self.in_evaluation:  # RLlib's evaluation copy runs no rollouts of ours
+                continue
+            node = raw
+            *sections, key = KEYWORDS[attr]
+            for part in sections:
+                node = node[part]
+            node[key] = getattr(self, attr)
+        for section, key in (("env", "id"), ("policy", "model")):
+            if raw[section][key] is None:  # reported as not set, below
+                del raw[section][key]
+        try:
+            return RunConfig.model_validate(raw)
+        except ValidationError as exc:
+            raise ConfigError("GRPOConfig: " + "; ".join(_problem(err) for err in exc.errors())) from None
+
     def env_source(self) -> tuple[Any, list[str]]:
         """The environment's entry and the tasks to train on, checked here in the driver by
         building the environment once (``env_runner.env_source``), so a wrong id, a module
@@ -182,7 +245,7 @@ class GRPOConfig(AlgorithmConfig):
         from draco_gym.registration import EnvSourceError
 
         try:
-            return env_source(self.env, self.env_config, self.env_modules, self.task_ids)
+            return env_source(self.env, self.env_config, self.run.env.modules, self.run.env.task_ids)
         except EnvSourceError as exc:
             raise ConfigError(f"GRPOConfig: {exc}") from None
 
@@ -190,13 +253,76 @@ class GRPOConfig(AlgorithmConfig):
         return RLModuleSpec(module_class=HFPolicyModule, model_config=self.policy_model_config())
 
     def policy_model_config(self) -> dict:
-        return {"model": self.model_path, "dtype": self.dtype, "lora": dict(self.lora), "seed": self.seed or 0,
-                "temperature": self.temperature if self.temperature > 0 else 1.0,
-                "gradient_checkpointing": self.gradient_checkpointing,
-                "torch_threads": self.torch_threads}
+        policy, temperature = self.run.policy, self.run.rollout.temperature
+        return {"model": self.model_path, "dtype": policy.dtype, "lora": dict(policy.lora), "seed": self.seed or 0,
+                "temperature": temperature if temperature > 0 else 1.0,
+                "gradient_checkpointing": policy.gradient_checkpointing, "torch_threads": policy.torch_threads}
 
     def get_default_learner_class(self):
         return GRPOTorchLearner
+
+    # -- ``run`` through RLlib's and Tune's copies of a config -------------------------------
+
+    def to_dict(self) -> dict:
+        """RLlib's, with ``run`` as nested plain dicts: Tune's trial config, and so W&B's
+        config and MLflow's params, show every knob (``run/rollout/group_size``)."""
+        config = super().to_dict()
+        config["run"] = self.run.model_dump(warnings=False)
+        return config
+
+    def update_from_dict(self, config_dict: dict) -> GRPOConfig:
+        config_dict = dict(config_dict)
+        run = config_dict.pop("run", None)
+        super().update_from_dict(config_dict)
+        if run is not None:
+            self.run = run if isinstance(run, RunConfig) else draft_run(run)
+        return self
+
+    def __getattr__(self, name: str):
+        path = _FLAT_ATTRIBUTES.get(name)
+        if path is None or name == "run":
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        _warn_flat(name, path)
+        return _field(self.run, path)
+
+    def __setattr__(self, key, value) -> None:
+        path = _FLAT_ATTRIBUTES.get(key)
+        if path is not None:
+            _warn_flat(key, path)
+            key, value = "run", _with_field(self.run, path, value)
+        super().__setattr__(key, value)
+
+
+def _field(model: Any, path: tuple[str, ...]) -> Any:
+    for part in path:
+        model = getattr(model, part)
+    return model.model_dump() if isinstance(model, BaseModel) else model
+
+
+def _with_field(model: BaseModel, path: tuple[str, ...], value: Any) -> BaseModel:
+    """A copy of ``model`` with the field at ``path`` set (checked later, by ``validate``)."""
+    head, *rest = path
+    return model.model_copy(update={head: _with_field(getattr(model, head), tuple(rest), value) if rest else value})
+
+
+def _warn_flat(name: str, path: tuple[str, ...]) -> None:
+    warnings.warn(f"GRPOConfig.{name} is GRPOConfig.run.{'.'.join(path)}; the flat attribute goes in the next "
+                  "release", DeprecationWarning, stacklevel=3)
+
+
+_ERROR_NAMES = {path: key for key, path in KEYWORDS.items()}
+
+
+def _problem(err: dict) -> str:
+    """One schema error, named by the builder keyword that sets the field."""
+    loc = tuple(str(p) for p in err["loc"])
+    name = next((_ERROR_NAMES[loc[:n]] + "".join(f".{p}" for p in loc[n:])
+                 for n in range(len(loc), 0, -1) if loc[:n] in _ERROR_NAMES), ".".join(loc))
+    if err["type"] == "missing":
+        hint = {"env": ".environment(env=...)", "model": ".policy(model=...)"}.get(name, "")
+        return f"{name} is not set{': call ' + hint if hint else ''}"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{name}: {msg}" if name else msg
 
 
 def _known(kwargs: dict, known: set[str], method: str) -> None:
@@ -220,7 +346,7 @@ class GRPO(Algorithm):
         self.rollout_log = RolloutLog(Path(config.output_dir) / "rollouts.jsonl") if config.output_dir else None
         self.metrics_log = MetricsLog(config.output_dir) if config.output_dir else None
         self._task_ids = self.config.env_source()[1]
-        self._judged = deque(maxlen=self.config.dead_judge_groups)  # the last groups' scores, in scoring order
+        self._judged = deque(maxlen=self.config.run.reward.dead_judge_groups)  # the last groups' scores, in scoring order
         self._reward_and_outcome: list[tuple[float, float | None]] = []  # per iteration
         self._divergence_warned = False
         self._tune_checkpoint: Path | None = None
@@ -248,7 +374,7 @@ class GRPO(Algorithm):
     def training_step(self) -> None:
         timers: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         start = time.perf_counter()
-        pipelined = self.config.pipeline == "one_step"
+        pipelined = self.config.run.rollout.pipeline == "one_step"
         if pipelined:
             waited = time.perf_counter()
             groups, sampled, judge_s = self._take_drawn_ahead(self.iteration)
@@ -258,7 +384,7 @@ class GRPO(Algorithm):
             self._draw_ahead(self.iteration + 1)
         else:
             groups, sampled = self.sample(self.sample_tasks(self.iteration), seed=self._iteration_seed(self.iteration),
-                                          stream_scoring=self.config.scoring == "streaming")
+                                          stream_scoring=self.config.run.rollout.scoring == "streaming")
             groups, scored = self.score(groups)
             judge_s = scored["judge"]
         self._stop_on_dead_judge(groups)
@@ -286,7 +412,7 @@ class GRPO(Algorithm):
         hold now, without waiting (``_take_drawn_ahead`` collects it)."""
         tasks = self.sample_tasks(iteration)
         ids, kwargs = self._sample_calls(tasks, seed=self._iteration_seed(iteration),
-                                         stream_scoring=self.config.scoring == "streaming", score=True)
+                                         stream_scoring=self.config.run.rollout.scoring == "streaming", score=True)
         made = self.env_runner_group.foreach_env_runner_async("sample", tag=DRAWN_AHEAD, kwargs=kwargs,
                                                               remote_worker_ids=list(ids))
         if made != len(ids):
@@ -301,7 +427,7 @@ class GRPO(Algorithm):
         if self._ahead is None or self._ahead[0] != iteration:
             self._drop_drawn_ahead()
             groups, sampled = self.sample(self.sample_tasks(iteration), seed=self._iteration_seed(iteration),
-                                          stream_scoring=self.config.scoring == "streaming")
+                                          stream_scoring=self.config.run.rollout.scoring == "streaming")
             groups, scored = self.score(groups)
             return groups, sampled, scored["judge"]
         _, ids, version = self._ahead
@@ -326,7 +452,7 @@ class GRPO(Algorithm):
         learns nothing, or learns from the fallback): the run stops, naming the server, when
         each of the last ``reward.dead_judge_groups`` groups had every judge request fail."""
         self._judged.extend(group.score for group in groups)
-        message = dead_judge(list(self._judged), k=self.config.dead_judge_groups)
+        message = dead_judge(list(self._judged), k=self.config.run.reward.dead_judge_groups)
         if message is not None:
             raise DeadJudge(message)
 
@@ -348,13 +474,13 @@ class GRPO(Algorithm):
     def sample_tasks(self, iteration: int) -> list[str]:
         """``tasks_per_iteration`` task ids, drawn from the iteration's own seed (a resumed run
         draws the same tasks)."""
-        rng = np.random.default_rng([self.config.seed or 0, iteration])
-        k = self.config.tasks_per_iteration
+        rng = np.random.default_rng([self.config.run.seed, iteration])
+        k = self.config.run.rollout.tasks_per_iteration
         picks = rng.choice(len(self._task_ids), size=k, replace=k > len(self._task_ids))
         return [self._task_ids[i] for i in picks]
 
     def _iteration_seed(self, iteration: int) -> int:
-        return int(np.random.default_rng([self.config.seed or 0, iteration, 1]).integers(2**31 - 1))
+        return int(np.random.default_rng([self.config.run.seed, iteration, 1]).integers(2**31 - 1))
 
     def sample(self, tasks: list[str], *, seed: int, temperature: float | None = None,
                group_size: int | None = None, stream_scoring: bool = False) -> tuple[list[RolloutGroup], dict]:
@@ -379,7 +505,7 @@ class GRPO(Algorithm):
         share of the tasks and its own seed."""
         ids, shards = _shard(self.env_runner_group, tasks)
         # Exactly one kwargs dict per actor: foreach_env_runner drops the dicts beyond that.
-        return ids, [{"tasks": shard, "group_size": group_size or self.config.group_size, "seed": seed + 7919 * i,
+        return ids, [{"tasks": shard, "group_size": group_size or self.config.run.rollout.group_size, "seed": seed + 7919 * i,
                       "temperature": temperature, "stream_scoring": stream_scoring, "score": score}
                      for i, shard in enumerate(shards)]
 
@@ -412,12 +538,12 @@ class GRPO(Algorithm):
         continuations of the current policy from a restored prefix run on an env runner
         (ProVer), and ``reference_model``, a frozen reference that defaults to the initial
         policy, the base model (TRACE)."""
-        return get_credit_rule(self.config.credit, turns_without_code=self.config.turns_without_code,
-                               **self.credit_options())
+        credit = self.config.run.credit
+        return get_credit_rule(credit.name, turns_without_code=credit.turns_without_code, **self.credit_options())
 
     def credit_options(self) -> dict:
-        options = dict(self.config.credit_options)
-        accepts = inspect.signature(CREDIT_RULES.get(self.config.credit)).parameters
+        options = dict(self.config.run.credit.options)
+        accepts = inspect.signature(CREDIT_RULES.get(self.config.run.credit.name)).parameters
         if "continue_fn" in accepts and options.get("continue_fn") is None:
             from draco_gym.algos.credit.prover import env_runner_continuations
 
@@ -428,11 +554,11 @@ class GRPO(Algorithm):
 
     def update(self, batch: CreditedBatch) -> None:
         """One learner step per minibatch of trajectories, ``num_epochs`` times."""
-        cfg = self.config
+        optim = self.config.run.optim
         arrays = token_batch(batch.trajectories, batch.token_advantages, pad_id=0)
         # (one_step: the drawing policy is an update behind the learner; only the sampler has its log-probs)
-        default = cfg.sampler == "vllm" and cfg.pipeline == "off"
-        if cfg.recompute_old_logprobs or (cfg.recompute_old_logprobs is None and default):
+        default = self.config.run.policy.sampler == "vllm" and self.config.run.rollout.pipeline == "off"
+        if optim.recompute_old_logprobs or (optim.recompute_old_logprobs is None and default):
             results = self.learner_group.foreach_learner(
                 lambda learner, b=arrays: learner.policy_logprobs(b, DEFAULT_MODULE_ID))
             first = next(iter(results))  # a list (local learner) or RemoteCallResults
@@ -440,10 +566,10 @@ class GRPO(Algorithm):
             self._log_sampler_agreement(arrays, learner_logp)
             arrays["old_logp"] = learner_logp
         n = len(batch.trajectories)
-        size = cfg.minibatch_size or n
+        size = optim.minibatch_size or n
         n_learners = len(self.learner_group)  # 0: the local learner
         results = []
-        for _ in range(cfg.num_epochs):
+        for _ in range(optim.num_epochs):
             for start in range(0, n, size):
                 part = {k: v[start : start + size] for k, v in arrays.items()}
                 timesteps = {NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
@@ -476,7 +602,7 @@ class GRPO(Algorithm):
         ``version``: the updates in those weights (default: the iterations done)."""
         self._drop_drawn_ahead()
         self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True,
-                                           timeout_seconds=self.config.sync_timeout_s)
+                                           timeout_seconds=self.config.run.resources.sync_timeout_s)
         self._sampler_version = version
 
     @property
@@ -507,7 +633,7 @@ class GRPO(Algorithm):
         restored = {COMPONENT_RL_MODULE: ray.put(state[COMPONENT_RL_MODULE]), WEIGHTS_SEQ_NO: state[WEIGHTS_SEQ_NO],
                     RESTORED: True}
         self.env_runner_group.foreach_env_runner("set_state", local_env_runner=False, kwargs={"state": restored},
-                                                 timeout_seconds=self.config.sync_timeout_s)
+                                                 timeout_seconds=self.config.run.resources.sync_timeout_s)
 
     def _log(self, metrics: dict[str, Any]) -> None:
         """The iteration's metrics into RLlib's result tree (``env_runners/episode_return_mean``

@@ -22,13 +22,8 @@ from __future__ import annotations
 import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
-from draco_gym.algos.config import LossConfig
 from draco_gym.algos.policy.gradients import STAT_KEYS, accumulate_gradients, recompute_logprobs
 from draco_gym.algos.policy.loss import grpo_loss
-
-
-def loss_config(config) -> LossConfig:
-    return LossConfig(**{key: getattr(config, key) for key in LossConfig.model_fields})
 
 
 def _world():
@@ -47,14 +42,14 @@ class GRPOTorchLearner(TorchLearner):
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
         # Only the adapter trains; RLlib's default would hand every base weight to the optimizer.
         params = [p for p in self._module[module_id].parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-        self.register_optimizer(module_id=module_id, optimizer=optimizer, params=params, lr_or_lr_schedule=config.lr)
+        optimizer = torch.optim.AdamW(params, lr=config.run.optim.lr, weight_decay=config.run.optim.weight_decay)
+        self.register_optimizer(module_id=module_id, optimizer=optimizer, params=params, lr_or_lr_schedule=config.run.optim.lr)
 
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
         """The loss of one (micro-)batch on its own, token-mean over its policy tokens."""
         mask = batch["policy_mask"][:, 1:].bool()
         loss, _ = grpo_loss(fwd_out["logp"], batch["old_logp"][:, 1:][mask], fwd_out.get("ref_logp"),
-                            batch["advantages"][:, 1:][mask], int(mask.sum()), loss_config(config))
+                            batch["advantages"][:, 1:][mask], int(mask.sum()), config.run.optim)
         return loss
 
     def _update(self, batch, **kwargs):
@@ -70,8 +65,8 @@ class GRPOTorchLearner(TorchLearner):
             total = own if world is None else int(_all_sum(world, torch.tensor([own], dtype=torch.float64,
                                                                                device=self._device))[0])
             losses[module_id], totals, n_tokens, fwd_last = accumulate_gradients(
-                self.module[module_id], mb, loss_config(config), config.micro_batch_tokens,
-                config.share_prefix, n_tokens=total)
+                self.module[module_id], mb, config.run.optim, config.run.optim.micro_batch_tokens,
+                config.run.optim.share_prefix, n_tokens=total)
             if world is not None:  # every learner logs the whole minibatch's loss and stats
                 summed = _all_sum(world, torch.tensor([float(losses[module_id])] + [totals.get(k, 0.0) for k in STAT_KEYS],
                                                       dtype=torch.float64, device=self._device)).cpu()
@@ -106,7 +101,7 @@ class GRPOTorchLearner(TorchLearner):
         config = self.config.get_config_for_module(module_id)
         device = next(module.parameters()).device
         tensors = {k: torch.as_tensor(v).to(device) for k, v in batch.items()}
-        out = recompute_logprobs(module, tensors, config.micro_batch_tokens, config.share_prefix)
+        out = recompute_logprobs(module, tensors, config.run.optim.micro_batch_tokens, config.run.optim.share_prefix)
         return out.to(tensors["old_logp"].dtype).numpy()
 
 
