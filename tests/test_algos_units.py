@@ -311,8 +311,10 @@ def test_micro_batches_give_the_full_batch_gradient(tiny, env):
     def grads(micro_batch_tokens):
         config = (GRPOConfig().environment("draco_gym/PythonTools-v0")
                   .policy(model=str(path), lora={"r": 4, "alpha": 8})
-                  .training(micro_batch_tokens=micro_batch_tokens, grad_clip=None, kl_coeff=0.05))
+                  .training(micro_batch_tokens=micro_batch_tokens, grad_clip=None, kl_coeff=0.05, lr=2e-4))
         learner = config.build_learner(spaces={DEFAULT_MODULE_ID: (text_space(), text_space())})
+        # (a config never validated: RLlib's own knobs are read from its attributes)
+        assert [g["lr"] for opt in learner._optimizer_parameters for g in opt.param_groups] == [2e-4]
         module = learner.module[DEFAULT_MODULE_ID]
         with torch.no_grad():  # move off LoRA's zero start so the KL term has a gradient too
             for name, p in module.lm.named_parameters():

@@ -145,7 +145,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         policy, limits = self.config.run.policy, self.config.run.rollout
         self._engine, self.engine_info = start_engine(
             self.config.model_path, dtype=policy.dtype, max_lora_rank=lora_rank_slot(int(dict(policy.lora).get("r", 16))),
-            max_model_len=limits.max_prompt_tokens + limits.max_response_tokens, seed=self.config.run.seed,
+            max_model_len=limits.max_prompt_tokens + limits.max_response_tokens, seed=self.config.seed or 0,
             kv_cache_gib=policy.vllm_kv_cache_gib, gpu_memory_utilization=policy.vllm_gpu_memory_utilization)
         sampler = VLLMSampler(self._engine, eos_ids=eos, temperature=temperature)
         self._hand_adapter(sampler)

@@ -120,7 +120,8 @@ class GRPOConfig(AlgorithmConfig):
     checks it, and the trainer, env runners and learner read each knob from it
     (``config.run.rollout.group_size``, ``config.run.optim`` for the loss). The knobs RLlib
     reads itself (``RLLIB_KNOBS``: the env, seed, learning rate, batch sizes and resources)
-    are its own attributes as well, copied into ``run`` by ``validate``."""
+    stay its own attributes, read there by RLlib and by us alike (a learner may be built from
+    a config never validated), and ``validate`` copies them into ``run`` to check them."""
 
     def __init__(self, algo_class=None) -> None:
         super().__init__(algo_class=algo_class or GRPO)
@@ -474,13 +475,13 @@ class GRPO(Algorithm):
     def sample_tasks(self, iteration: int) -> list[str]:
         """``tasks_per_iteration`` task ids, drawn from the iteration's own seed (a resumed run
         draws the same tasks)."""
-        rng = np.random.default_rng([self.config.run.seed, iteration])
+        rng = np.random.default_rng([self.config.seed or 0, iteration])
         k = self.config.run.rollout.tasks_per_iteration
         picks = rng.choice(len(self._task_ids), size=k, replace=k > len(self._task_ids))
         return [self._task_ids[i] for i in picks]
 
     def _iteration_seed(self, iteration: int) -> int:
-        return int(np.random.default_rng([self.config.run.seed, iteration, 1]).integers(2**31 - 1))
+        return int(np.random.default_rng([self.config.seed or 0, iteration, 1]).integers(2**31 - 1))
 
     def sample(self, tasks: list[str], *, seed: int, temperature: float | None = None,
                group_size: int | None = None, stream_scoring: bool = False) -> tuple[list[RolloutGroup], dict]:
@@ -566,10 +567,10 @@ class GRPO(Algorithm):
             self._log_sampler_agreement(arrays, learner_logp)
             arrays["old_logp"] = learner_logp
         n = len(batch.trajectories)
-        size = optim.minibatch_size or n
+        size = self.config.minibatch_size or n
         n_learners = len(self.learner_group)  # 0: the local learner
         results = []
-        for _ in range(optim.num_epochs):
+        for _ in range(self.config.num_epochs):
             for start in range(0, n, size):
                 part = {k: v[start : start + size] for k, v in arrays.items()}
                 timesteps = {NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(

@@ -42,8 +42,8 @@ class GRPOTorchLearner(TorchLearner):
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
         # Only the adapter trains; RLlib's default would hand every base weight to the optimizer.
         params = [p for p in self._module[module_id].parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=config.run.optim.lr, weight_decay=config.run.optim.weight_decay)
-        self.register_optimizer(module_id=module_id, optimizer=optimizer, params=params, lr_or_lr_schedule=config.run.optim.lr)
+        optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.run.optim.weight_decay)
+        self.register_optimizer(module_id=module_id, optimizer=optimizer, params=params, lr_or_lr_schedule=config.lr)
 
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
         """The loss of one (micro-)batch on its own, token-mean over its policy tokens."""
