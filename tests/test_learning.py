@@ -48,37 +48,6 @@ def test_grpo_raises_success_from_chance(ray_session, corridor_policy, pipeline)
     assert after["success"] >= before["success"] + 0.3, f"no learning: before {before}, after {after}"
 
 
-@pytest.mark.slow
-def test_train_command_writes_before_and_after(corridor_policy, tmp_path, capsys):
-    """`draco-gym train --before-after`: held-out figures before and after, in summary.json."""
-    import json
-
-    from draco_gym.bench.learning_setting import ENV_CONFIG
-    from draco_gym.cli import main
-
-    config = tmp_path / "corridor.yaml"
-    config.write_text(json.dumps({
-        "name": "corridor", "output_dir": str(tmp_path / "run"), "seed": 0, "iterations": 10,
-        "env": {"id": "draco_gym/Corridor-v0", "config": ENV_CONFIG},
-        "policy": {"model": str(corridor_policy), "lora": {"r": 8, "alpha": 16}},
-        "rollout": {"group_size": 8, "tasks_per_iteration": 4, "max_new_tokens": 8, "max_prompt_tokens": 512,
-                    "max_response_tokens": 400},
-        "reward": {"name": "corridor"},
-        "optim": {"lr": 2.0e-3, "kl_coeff": 0.05, "minibatch_size": 8},
-        "resources": {"ray_num_cpus": 2, "object_store_memory_mb": 80},
-        "eval": {"episodes_per_task": 32, "temperature": 1.0},
-    }))
-    assert main(["train", str(config), "--before-after"]) == 0
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    before, after = summary["eval"]["before"], summary["eval"]["after"]
-    for figures in (before, after):
-        assert figures["episodes"] == 128
-        assert {"success_rate", "rubric_pass_rate", "well_formed_turns", "raised_blocks"} <= set(figures)
-    assert after["success_rate"]["mean"] >= before["success_rate"]["mean"] + 0.3
-    assert after["success_rate"]["ci95"][0] > before["success_rate"]["ci95"][1]
-    assert "held-out evaluation" in capsys.readouterr().out
-
-
 def test_a_policy_built_for_another_corridor_is_refused(tmp_path):
     import json
 

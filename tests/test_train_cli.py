@@ -103,3 +103,34 @@ def test_the_train_command_resumes_a_pipelined_run_without_repeating_or_dropping
     groups = [(r["iteration"], r["policy_version"]) for r in records if r["index"] == 0]
     assert [k for k, _ in groups] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert [k - v for k, v in groups] == [0, 0, 1, 1, 0, 0, 1, 1]
+
+
+@pytest.mark.slow
+def test_train_command_writes_before_and_after(tmp_path, capsys):
+    """`draco-gym train --before-after`: held-out figures before and after, in summary.json,
+    on the Corridor policy that ``tests/test_learning.py`` trains."""
+    from draco_gym.bench.learning_setting import ENV_CONFIG, build_corridor_policy
+
+    corridor_policy = build_corridor_policy(tmp_path / "corridor_policy")
+
+    config = tmp_path / "corridor.yaml"
+    config.write_text(json.dumps({
+        "name": "corridor", "output_dir": str(tmp_path / "run"), "seed": 0, "iterations": 10,
+        "env": {"id": "draco_gym/Corridor-v0", "config": ENV_CONFIG},
+        "policy": {"model": str(corridor_policy), "lora": {"r": 8, "alpha": 16}},
+        "rollout": {"group_size": 8, "tasks_per_iteration": 4, "max_new_tokens": 8, "max_prompt_tokens": 512,
+                    "max_response_tokens": 400},
+        "reward": {"name": "corridor"},
+        "optim": {"lr": 2.0e-3, "kl_coeff": 0.05, "minibatch_size": 8},
+        "resources": {"ray_num_cpus": 2, "object_store_memory_mb": 80},
+        "eval": {"episodes_per_task": 32, "temperature": 1.0},
+    }))
+    assert main(["train", str(config), "--before-after"]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    before, after = summary["eval"]["before"], summary["eval"]["after"]
+    for figures in (before, after):
+        assert figures["episodes"] == 128
+        assert {"success_rate", "rubric_pass_rate", "well_formed_turns", "raised_blocks"} <= set(figures)
+    assert after["success_rate"]["mean"] >= before["success_rate"]["mean"] + 0.3
+    assert after["success_rate"]["ci95"][0] > before["success_rate"]["ci95"][1]
+    assert "held-out evaluation" in capsys.readouterr().out
