@@ -158,7 +158,9 @@ def _plain(value):
 
 
 def progress_line(m: dict[str, Any], total_iterations: int | None = None) -> str:
-    """One line per iteration, from a ``compact`` row."""
+    """One line per iteration, from a ``compact`` row. The iteration's time is Tune's
+    ``time_this_iter_s``: RLlib's ``timers/training_iteration`` is a moving average (EMA
+    coefficient 0.01) that the first iteration's start-up dominates for the whole run."""
     it = int(m.get("training_iteration", 0))
     head = f"[iter {it}/{total_iterations}]" if total_iterations else f"[iter {it}]"
     terms = " ".join(f"{k.rsplit('/', 1)[1]}={v:.2f}" for k, v in sorted(m.items())
@@ -175,7 +177,7 @@ def progress_line(m: dict[str, Any], total_iterations: int | None = None) -> str
             f"{f' success={success:.2f}' if success is not None else ''} [{terms}] "
             f"kl={m.get('learners/default_policy/kl') or 0:.4f} "
             f"tok/s={m.get('env_runners/generated_tokens_per_s') or 0:.1f} | "
-            f"{times} iter={m.get('timers/training_iteration') or m.get('time_this_iter_s') or 0:.1f}s")
+            f"{times} iter={m.get('time_this_iter_s') or 0:.1f}s")
 
 
 def print_line(line: str) -> None:
