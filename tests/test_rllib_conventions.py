@@ -108,7 +108,8 @@ def test_an_online_wandb_key_variable_that_is_not_set_is_named(monkeypatch, tmp_
 def test_metrics_rows_flatten_the_result_groups():
     from draco_gym.algos.rllib.reporting import compact, progress_line
 
-    result = {"training_iteration": 2, "time_this_iter_s": 41.0, "config": {"lr": 1.0}, "perf": {"cpu_util_percent": 50.0},
+    result = {"training_iteration": 2, "time_this_iter_s": 41.0, "config": {"lr": 1.0},
+              "perf": {"cpu_util_percent": 50.0},
               "env_runners": {"episode_return_mean": 0.25, "termination": {"no_code": 0.5, "submitted": 0.5},
                               "env": {"success": 0.5}},
               "learners": {"default_policy": {"kl": 0.01, "x_throughput": {"since": 3.0}}},

@@ -1,5 +1,6 @@
 """``draco-gym train`` then ``draco-gym eval`` end to end, as a user runs them: a YAML file,
-a tiny random Llama, the PythonTools environment, Ray and Tune started by the command."""
+a tiny Llama (random on PythonTools; warm-started on the Corridor for ``--before-after``), Ray
+and Tune started by the command, no Ray session of the test's own."""
 
 from __future__ import annotations
 
