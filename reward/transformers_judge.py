@@ -1,7 +1,7 @@
 """The in-process judge: a local Hugging Face causal LM, registered as "transformers".
 
 For a judge without a server. Decoding under a schema, fitting the prompt and the thinking
-switch are ``local_judge.py``'s, which the self-judge (``algos/policy_judge.py``) shares;
+switch are ``local_judge.py``'s, which the self-judge (``algos/policy/self_judge.py``) shares;
 torch and transformers load when a judge is built, never at import.
 """
 

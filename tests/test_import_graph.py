@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import ast
 import configparser
+import re
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -241,50 +241,106 @@ def test_an_acyclic_package_passes_and_ray_is_found_outside_its_room(tmp_path, m
                                     "draco_gym.algos.policy.loss (algos/policy/loss.py:2): ray.rllib.core"]
 
 
-# -- the old import paths, for one release ------------------------------------------------
+# -- every import of the package names a module that exists --------------------------------
 
 
-@pytest.mark.parametrize("old, name, new", [
-    ("grpo", "GRPO", "draco_gym.algos.rllib.grpo"),
-    ("grpo", "GRPOConfig", "draco_gym.algos.rllib.grpo"),
-    ("env_runner", "LLMEnvRunner", "draco_gym.algos.rllib.env_runner"),
-    ("learner", "GRPOTorchLearner", "draco_gym.algos.rllib.learner"),
-    ("module", "HFPolicyModule", "draco_gym.algos.rllib.module"),
-])
-def test_a_checkpoint_pickled_before_the_move_unpickles(old, name, new):
-    """RLlib and Tune checkpoints name a class by module path; protocol 0's GLOBAL opcode
-    is exactly that reference, as an old checkpoint holds it."""
-    pytest.importorskip("ray")
-    import importlib
-    import pickle
+def defined_names(path: Path) -> set[str] | None:
+    """The names a module defines at its top level (inside ``if``/``try`` too), or None when
+    it answers for any name (a module ``__getattr__``)."""
+    names: set[str] = set()
+    body = list(ast.parse(path.read_text(), filename=str(path)).body)
+    while body:
+        node = body.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            body += [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
+                     *(child for handler in getattr(node, "handlers", []) for child in handler.body)]
+    return None if "__getattr__" in names else names
 
-    with pytest.warns(DeprecationWarning, match=f"draco_gym.algos.{old} moved to {new}"):
-        sys.modules.pop(f"draco_gym.algos.{old}", None)
-        loaded = pickle.loads(f"cdraco_gym.algos.{old}\n{name}\n.".encode())
-    assert loaded is getattr(importlib.import_module(new), name)
+
+def missing_imports(tree: ast.AST, modules: dict[str, Path]) -> list[tuple[int, str]]:
+    """(line, dotted name) for each import of ``draco_gym`` (statements, ``import_module`` with a
+    constant, ``python -m``-style strings) that names no module, nor a name its module defines."""
+    wanted: list[tuple[int, str, str | None]] = []  # (line, module, name imported from it)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            wanted += [(node.lineno, alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            wanted += [(node.lineno, node.module, alias.name) for alias in node.names if alias.name != "*"]
+        elif isinstance(node, ast.Call) and _dynamic_import(node):
+            wanted.append((node.lineno, node.args[0].value, None))
+    missing = []
+    for line, module, name in wanted:
+        if module.split(".")[0] != "draco_gym":
+            continue
+        if module not in modules:
+            missing.append((line, module))
+        elif name is not None and f"{module}.{name}" not in modules:
+            names = defined_names(modules[module])
+            if names is not None and name not in names:
+                missing.append((line, f"{module}.{name}"))
+    return missing
 
 
-def test_old_import_paths_forward_with_a_deprecation_warning():
-    from draco_gym.algos import _moved
-    from draco_gym.algos.policy import lm, models
+def python_blocks(markdown: str) -> list[tuple[int, str]]:
+    """(first line, code) of each fenced ``python`` block of a Markdown page."""
+    blocks, lines, start = [], markdown.splitlines(), None
+    for number, line in enumerate(lines, 1):
+        fence = line.strip()
+        if start is None and fence.startswith("```") and fence[3:].strip() in ("python", "py"):
+            start, indent = number, len(line) - len(line.lstrip())
+        elif start is not None and fence == "```":
+            blocks.append((start + 1, "\n".join(text[indent:] for text in lines[start:number - 1])))
+            start = None
+    return blocks
 
-    for old in _moved.MOVED:
-        sys.modules.pop(f"draco_gym.algos.{old}", None)
-    with pytest.warns(DeprecationWarning, match="draco_gym.algos.models moved to draco_gym.algos.policy.models"):
-        from draco_gym.algos.models import resolve_model
-    assert resolve_model is models.resolve_model
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from draco_gym.algos.prefix import decoder_and_head, prefix_groups  # the names a move split apart
-        from draco_gym.algos.eval_cli import eval_summary, resolve_checkpoints
-    from draco_gym.algos import evaluation
-    from draco_gym.algos.cli import eval as eval_cli
-    from draco_gym.algos.policy import prefix
 
-    assert (decoder_and_head, prefix_groups) == (lm.decoder_and_head, prefix.prefix_groups)
-    assert (eval_summary, resolve_checkpoints) == (evaluation.eval_summary, eval_cli.resolve_checkpoints)
-    with pytest.raises(ImportError, match="no_such_name"), pytest.warns(DeprecationWarning):
-        from draco_gym.algos.tokens import no_such_name  # noqa: F401
-    new_homes = {home for homes in _moved.MOVED.values() for home in homes}
-    assert all((ROOT / "algos" / (home.replace(".", "/") + ".py")).is_file() for home in new_homes)
-    assert not any((ROOT / "algos" / f"{old}.py").exists() for old in _moved.MOVED), "an old path is a finder's, not a file"
+def repo_import_sites() -> dict[str, ast.AST]:
+    """Every place the repo writes an import of the package: its modules, tests, examples,
+    scripts, and the Python blocks and ``python -m`` commands of the README and docs."""
+    sites: dict[str, ast.AST] = {}
+    files = {*package_files().values(), *ROOT.glob("tests/**/*.py"), *ROOT.glob("examples/**/*.py"),
+             *ROOT.glob("scripts/**/*.py")}
+    for path in sorted(files):
+        sites[str(path.relative_to(ROOT))] = ast.parse(path.read_text(), filename=str(path))
+    for page in [ROOT / "README.md", *sorted(ROOT.glob("docs/**/*.md"))]:
+        text = page.read_text()
+        for first, code in python_blocks(text):
+            try:
+                tree = ast.parse(code)
+            except SyntaxError:  # a fragment (``...``); its imports are read line by line
+                tree = ast.parse("\n".join(line.strip() for line in code.splitlines()
+                                           if re.match(r"\s*(from|import) draco_gym\S* ", line)) or "pass")
+            ast.increment_lineno(tree, first - 1)
+            sites[f"{page.relative_to(ROOT)} (block at line {first})"] = tree
+        commands = [f"import {m}" for m in re.findall(r"python3? -m (draco_gym[\w.]*)", text)]
+        sites[f"{page.relative_to(ROOT)} (python -m)"] = ast.parse("\n".join(commands) or "pass")
+    return sites
+
+
+def test_every_import_of_the_package_names_a_module_that_exists():
+    modules = package_files()
+    sites = repo_import_sites()
+    assert "README.md (python -m)" in sites and any(k.startswith("tests/") for k in sites)
+    found = [f"{site}:{line}: {name}" for site, tree in sites.items() for line, name in missing_imports(tree, modules)]
+    assert not found, "imports of paths that do not exist:\n" + "\n".join(found)
+
+
+def test_a_moved_module_and_a_missing_name_are_found(tmp_path):
+    modules = _fake_package(tmp_path, {"algos/policy/__init__.py": "", "algos/policy/loss.py": "def grpo_loss(): ...\n",
+                                       "algos/lazy.py": "def __getattr__(name): ...\n"})
+    tree = ast.parse("import draco_gym.algos.loss\n"
+                     "from draco_gym.algos.policy.loss import grpo_loss, token_loss\n"
+                     "from draco_gym.algos.policy import loss\n"
+                     "from draco_gym.algos.lazy import anything\n"
+                     "import importlib\nimportlib.import_module('draco_gym.algos.grpo')\n")
+    assert missing_imports(tree, modules) == [(1, "draco_gym.algos.loss"), (2, "draco_gym.algos.policy.loss.token_loss"),
+                                              (6, "draco_gym.algos.grpo")]
+    assert python_blocks("text\n```python\nimport a\n```\n  ```py\n  import b\n  ```\n```bash\nx\n```\n") == \
+        [(3, "import a"), (6, "import b")]

@@ -156,17 +156,20 @@ def test_a_knob_from_either_door_is_read_from_the_run_schema():
     assert back._checked_run() == run and config.to_dict()["run"]["rollout"]["group_size"] == 5
 
 
-def test_the_flat_attributes_still_answer_with_a_deprecation_warning():
+def test_a_knob_lives_in_run_only():
     from draco_gym.algos.rllib.grpo import GRPOConfig
 
     config = GRPOConfig().training(group_size=5)
-    with pytest.warns(DeprecationWarning, match="run.rollout.group_size"):
-        assert config.group_size == 5
-    with pytest.warns(DeprecationWarning, match="run.policy.model"):
-        config.policy_model = "/models/y"
-    assert config.run.policy.model == "/models/y"
-    with pytest.raises(AttributeError):
-        config.no_such_knob
+    assert config.run.rollout.group_size == 5
+    with pytest.raises(AttributeError, match="group_size"):
+        config.group_size
+    with pytest.raises(AttributeError, match=r"GRPOConfig.kl_coeff is not an attribute: the knob is "
+                                             r"run.optim.kl_coeff \(set it with \.training\(kl_coeff="):
+        config.kl_coeff = 0.5  # read by nothing: refused, not silently kept
+    with pytest.raises(AttributeError, match=r"\.policy\(lora="):
+        config.lora = {"r": 4}
+    config.lr = 1e-4  # RLlib's own knobs stay its attributes
+    assert config.lr == 1e-4
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,6 @@ import logging
 import shutil
 import tempfile
 import time
-import warnings
 from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
@@ -106,11 +105,6 @@ RLLIB_KNOBS = ("env", "env_config", "seed", "lr", "grad_clip", "minibatch_size",
 _POLICY = {key for key, path in KEYWORDS.items() if path[0] == "policy"}
 _TRAINING = {key for key, path in KEYWORDS.items() if path[0] in ("rollout", "reward", "credit", "optim")} | {
     "task_ids", "sync_timeout_s", "output_dir", "restore_from"}
-
-# Before ``GRPOConfig.run``, each knob was an attribute of its own: those names still read and
-# write the run's field, with a DeprecationWarning, for one release.
-_FLAT_ATTRIBUTES = {("policy_model" if key == "model" else key): path
-                    for key, path in KEYWORDS.items() if key not in RLLIB_KNOBS}
 
 
 class GRPOConfig(AlgorithmConfig):
@@ -279,18 +273,13 @@ class GRPOConfig(AlgorithmConfig):
             self.run = run if isinstance(run, RunConfig) else draft_run(run)
         return self
 
-    def __getattr__(self, name: str):
-        path = _FLAT_ATTRIBUTES.get(name)
-        if path is None or name == "run":
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        _warn_flat(name, path)
-        return _field(self.run, path)
-
     def __setattr__(self, key, value) -> None:
-        path = _FLAT_ATTRIBUTES.get(key)
-        if path is not None:
-            _warn_flat(key, path)
-            key, value = "run", _with_field(self.run, path, value)
+        # a knob of ``run`` set as an attribute would be read by nothing: refuse it, by name
+        path = KEYWORDS.get(key)
+        if path is not None and key not in RLLIB_KNOBS and key != "model":
+            builder = {"policy": "policy", "env": "environment"}.get(path[0], "training")
+            raise AttributeError(f"GRPOConfig.{key} is not an attribute: the knob is run.{'.'.join(path)} "
+                                 f"(set it with .{builder}({key}=...))")
         super().__setattr__(key, value)
 
 
@@ -304,11 +293,6 @@ def _with_field(model: BaseModel, path: tuple[str, ...], value: Any) -> BaseMode
     """A copy of ``model`` with the field at ``path`` set (checked later, by ``validate``)."""
     head, *rest = path
     return model.model_copy(update={head: _with_field(getattr(model, head), tuple(rest), value) if rest else value})
-
-
-def _warn_flat(name: str, path: tuple[str, ...]) -> None:
-    warnings.warn(f"GRPOConfig.{name} is GRPOConfig.run.{'.'.join(path)}; the flat attribute goes in the next "
-                  "release", DeprecationWarning, stacklevel=3)
 
 
 _ERROR_NAMES = {path: key for key, path in KEYWORDS.items()}
