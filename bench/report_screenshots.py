@@ -4,9 +4,9 @@ Scripted agents (those of `draco-gym demo`, plus one that stops before submittin
 PythonTools shop tasks in the real environment; each group is scored by the real rule
 rubric and its credit assigned by the real DRACO rule, and the rollouts are written in the
 trainer's rollouts.jsonl format. `draco-gym report` then renders it and headless Chromium
-takes one screenshot per view into bench/results/.
+takes one screenshot per view into docs/images/ (the run report page shows them).
 
-    python bench/report_screenshots.py [--out bench/results] [--keep DIR]
+    python bench/report_screenshots.py [--out docs/images] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def shoot(html: Path, out: Path, chromium: str) -> list[Path]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs" / "images"))
     parser.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
     parser.add_argument("--keep", metavar="DIR", help="write the run and its report here and keep them")
     args = parser.parse_args()

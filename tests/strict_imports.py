@@ -14,7 +14,8 @@ import os
 import pytest
 
 CI_INSTALLED = frozenset({"draco_gym", "ray", "torch", "transformers", "peft", "datasets", "trl", "tau2",
-                          "pettingzoo", "hypothesis", "gymnasium", "openai", "matplotlib", "yaml", "playwright"})
+                          "pettingzoo", "hypothesis", "gymnasium", "openai", "matplotlib", "yaml", "playwright",
+                          "mkdocs", "mkdocstrings", "material"})
 
 _importorskip = pytest.importorskip
 

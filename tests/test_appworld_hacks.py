@@ -25,7 +25,7 @@ needs_bwrap = pytest.mark.skipif(os_sandbox.bwrap_problem() is not None, reason=
 MODES = [pytest.param("bwrap", marks=needs_bwrap), "guard"]
 GUARD_READS_HOST_FILES = pytest.mark.xfail(
     strict=True, reason="guard mode has no file-system boundary: os.open(..., dir_fd=...) reads the host's task "
-                        "files past the audit hook's path check (named in the README; bwrap holds)")
+                        "files past the audit hook's path check (named in docs/environments.md; bwrap holds)")
 
 
 @pytest.fixture(scope="module")

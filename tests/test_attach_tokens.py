@@ -77,7 +77,7 @@ def test_attach_tokens_reproduces_the_trainers_token_record(chat):
 
 
 def test_credit_runs_on_a_plain_loop_with_attached_tokens(chat):
-    """README's credit snippet: trajectories from gym.make + step, no trainer."""
+    """The credit page's snippet: trajectories from gym.make + step, no trainer."""
     env = gym.make("draco_gym/Corridor-v0", n_rooms=2)
     group = []
     for doors in [(0, 3), (0, 1), (2, 0)]:

@@ -78,18 +78,18 @@ def test_eval_refuses_a_checkpoint_of_another_base_before_ray_starts(tmp_path, c
     assert "Traceback" not in err
 
 
-def readme_eval_line() -> list[str]:
-    """The quickstart's eval command, as README's training section gives it."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    (line,) = [ln for ln in readme.splitlines() if ln.startswith("draco-gym eval configs/quickstart.yaml")]
+def docs_eval_line() -> list[str]:
+    """The quickstart's eval command, as the manual's training page gives it."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
+    (line,) = [ln for ln in page.splitlines() if ln.startswith("draco-gym eval configs/quickstart.yaml")]
     return line.split("#")[0].split()[1:]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_readme_eval_line_gives_the_train_commands_after_numbers(tmp_path, capsys):
+def test_the_docs_eval_line_gives_the_train_commands_after_numbers(tmp_path, capsys):
     """A warm-started run (Corridor, a tiny policy whose warm start teaches it every task's
-    reference), ``draco-gym train --before-after``, then README's eval line on its final
+    reference), ``draco-gym train --before-after``, then the training page's eval line on its final
     checkpoint, same tasks and seed: the same episodes, so the same numbers (on the raw base
     model the same adapter opens doors at chance)."""
     pytest.importorskip("peft")
@@ -115,7 +115,7 @@ def test_readme_eval_line_gives_the_train_commands_after_numbers(tmp_path, capsy
     capsys.readouterr()
 
     args = [str(config) if a == "configs/quickstart.yaml" else a.replace("runs/quickstart", str(out))
-            for a in readme_eval_line()]
+            for a in docs_eval_line()]
     assert main(args) == 0  # the line is "draco-gym eval ...": args start with "eval"
     assert "its adapter was trained on" in capsys.readouterr().out
     evaluated = json.loads((out / "eval" / "summary.json").read_text())

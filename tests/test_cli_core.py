@@ -1,4 +1,4 @@
-"""The draco-gym command itself and the demo that the README's first command runs."""
+"""The draco-gym command itself and the demo the README names."""
 
 import subprocess
 import sys

@@ -1,5 +1,5 @@
 """``examples/one_iteration.py``, the whole algorithm on one screen without Ray, runs and
-takes a real step: the README points readers to it, so it must keep working."""
+takes a real step: the training page points readers to it, so it must keep working."""
 
 from __future__ import annotations
 

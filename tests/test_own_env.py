@@ -1,4 +1,5 @@
-"""A user's own environment, written as README's "Your own environment" shows, in a folder
+"""A user's own environment, written as the manual's "A class of your own" shows
+(docs/own-environment.md), in a folder
 outside the package, through every way of naming it to the trainer.
 
 The failure modes are checked where the user makes the mistake: ``GRPOConfig.validate()``
@@ -20,23 +21,23 @@ import pytest
 
 from draco_gym.algos.config import ConfigError, load_config
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "own-environment.md"
 
 
-def readme_env_code() -> str:
-    """The first python block of README's "Your own environment" section, verbatim."""
-    section = README.read_text().split("### Your own environment", 1)[1]
+def docs_env_code() -> str:
+    """The first python block of the page's "A class of your own" section, verbatim."""
+    section = PAGE.read_text().split("## A class of your own", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
 @pytest.fixture(scope="module")
 def user_dir(tmp_path_factory):
-    """``my_lab/shop.py`` from the README, and ``my_lab/notasks.py``: the same env without
-    ``task_ids`` (as the README showed it before), importable from this folder."""
+    """``my_lab/shop.py`` from the page, and ``my_lab/notasks.py``: the same env without
+    ``task_ids`` (as the page showed it before), importable from this folder."""
     root = tmp_path_factory.mktemp("user")
     (root / "my_lab").mkdir()
     (root / "my_lab" / "__init__.py").write_text("")
-    code = readme_env_code()
+    code = docs_env_code()
     (root / "my_lab" / "shop.py").write_text(code)
     notasks = code.replace('    task_ids = ["t1"]', "").replace("Shop-v0", "NoTasks-v0").replace("my_lab.shop:",
                                                                                                   "my_lab.notasks:")
@@ -59,7 +60,7 @@ def grpo(env, **environment):
             .env_runners(num_env_runners=1).learners(num_learners=0))
 
 
-def test_readme_env_passes_gymnasiums_check(user_dir):
+def test_the_docs_env_passes_gymnasiums_check(user_dir):
     from gymnasium.utils.env_checker import check_env
 
     import my_lab.shop  # noqa: F401 - registers my_lab/Shop-v0
@@ -136,7 +137,7 @@ def test_yaml_imports_env_modules_from_the_config_folder(user_dir, tmp_path):
     folder = tmp_path / "project"
     (folder / "lab2").mkdir(parents=True)
     (folder / "lab2" / "__init__.py").write_text("")
-    (folder / "lab2" / "envs.py").write_text(readme_env_code().replace("my_lab/Shop-v0", "lab2/Shop-v0")
+    (folder / "lab2" / "envs.py").write_text(docs_env_code().replace("my_lab/Shop-v0", "lab2/Shop-v0")
                                              .replace("my_lab.shop:", "lab2.envs:"))
     config = folder / "run.yaml"
     try:
@@ -206,7 +207,7 @@ ray.shutdown()
 
 
 @pytest.mark.slow
-def test_readme_env_trains_from_python_and_from_yaml(user_dir, tiny_model, tmp_path):
+def test_the_docs_env_trains_from_python_and_from_yaml(user_dir, tiny_model, tmp_path):
     """A fresh process in the user's folder, nothing of the package touched: a Python script,
     then ``draco-gym train`` on a YAML file next to the env."""
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": ""}

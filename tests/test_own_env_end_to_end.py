@@ -1,4 +1,4 @@
-"""README's "Your own environment, end to end", as written: the example's files are the
+"""The manual's "Your own environment", end to end (docs/own-environment.md), as written: the example's files are the
 section's blocks verbatim, its Python snippets print what the section says they print, and
 (slow: minutes, the real SmolLM2 policy) its commands run in order in a fresh folder, the
 warm start is checked ready, GRPO raises the held-out success and ``draco-gym eval`` gives the
@@ -19,11 +19,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "library"
-SECTION = "## Your own environment, end to end"
+PAGE = ROOT / "docs" / "own-environment.md"
+SECTION = "## End to end: a few Python functions"
 
 
 def section() -> str:
-    text = (ROOT / "README.md").read_text().split(SECTION, 1)[1]
+    text = PAGE.read_text().split(SECTION, 1)[1]
     return text.split("\n## ", 1)[0]
 
 

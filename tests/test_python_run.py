@@ -1,4 +1,4 @@
-"""A run from Python as README's "From Python" snippet writes it, verbatim but for the model
+"""A run from Python as the training page's "From Python" snippet writes it, verbatim but for the model
 (the tiny random Llama): relative paths for the output folder, ``algo.save`` and
 ``GRPO.from_checkpoint``; the same ``metrics.jsonl`` rows as a run through Tune (which
 ``draco-gym train`` is); no token-authentication notice from Ray; and a checkpoint refused by
@@ -15,18 +15,18 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "training.md"
 
 
-def readme_python_run() -> str:
-    section = README.read_text().split("From Python, the trainer is an ordinary RLlib algorithm:", 1)[1]
+def docs_python_run() -> str:
+    section = PAGE.read_text().split("From Python, the trainer is an ordinary RLlib algorithm:", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_readme_python_run(tmp_path, tiny_model):
-    code = readme_python_run()
+def test_the_docs_python_run(tmp_path, tiny_model):
+    code = docs_python_run()
     assert '"smollm2-135m-instruct"' in code
     (tmp_path / "run.py").write_text(code.replace('"smollm2-135m-instruct"', repr(str(tiny_model))))
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}  # as a user's shell has it

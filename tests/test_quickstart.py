@@ -18,7 +18,7 @@ def test_quickstart_config_checks_and_evaluates_on_held_out_tasks(capsys):
     config = load_config(QUICKSTART)
     assert config.warm_start.epochs >= 1 and config.env.task_ids and config.eval.task_ids
     assert not set(config.env.task_ids) & set(config.eval.task_ids)  # held out: no shared task
-    # 40 held-out episodes a side, as the README's figures were measured; fewer and a success
+    # 40 held-out episodes a side, as the training page's figures were measured; fewer and a success
     # gain like 0.875 -> 1.0 could no longer be told from noise
     assert config.eval.episodes_per_task * len(config.eval.task_ids) >= 40
     assert config.reward.name in ("rule", "outcome", "weighted")  # judge-free: runs offline

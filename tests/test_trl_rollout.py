@@ -114,23 +114,23 @@ def test_credit_stats_by_hand():
                                              "credit/step_advantage_abs_mean": 4 / 3})
 
 
-def readme_trl_snippet() -> str:
+def docs_trl_snippet() -> str:
     import re
     from pathlib import Path
 
-    section = (Path(__file__).resolve().parents[1] / "README.md").read_text().split("**In TRL**", 1)[1]
+    section = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text().split("**In TRL**", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_readme_trl_snippet_runs_on_cpu_and_logs_the_credit(corridor_policy, tmp_path):
-    """README's TRL snippet as written, but for the model (the tiny Corridor policy)."""
+def test_the_docs_trl_snippet_runs_on_cpu_and_logs_the_credit(corridor_policy, tmp_path):
+    """The training page's TRL snippet as written, but for the model (the tiny Corridor policy)."""
     import json
     import subprocess
     import sys
 
-    code = readme_trl_snippet()
+    code = docs_trl_snippet()
     assert 'resolve_model("smollm2-135m-instruct")' in code and "use_cpu=True" in code
     code = code.replace('resolve_model("smollm2-135m-instruct")', repr(str(corridor_policy)))
     code += "\nimport json\nprint('LOG ' + json.dumps(trainer.state.log_history))\n"
