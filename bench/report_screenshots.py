@@ -1,4 +1,4 @@
-"""Screenshots of the report's views for the README, from a small run made of real parts.
+"""Screenshots of the report's views for the manual (docs/report.md), from a small run made of real parts.
 
 Scripted agents (those of `draco-gym demo`, plus one that stops before submitting) play
 PythonTools shop tasks in the real environment; each group is scored by the real rule

@@ -26,7 +26,7 @@ measures it for a given judge.
     python bench/reward_hacks.py [--families pythontools appworld rubric judge] [--sandboxes guard bwrap]
 
 Each sandbox mode runs the whole catalogue; ``guard`` first, since what it does not isolate
-is named in the README and some hacks get past it. Needs AppWorld's runtime and offline
+is named in docs/safety.md and some hacks get past it. Needs AppWorld's runtime and offline
 suite for the ``appworld`` family (``draco-gym setup appworld``). The last line is
 ``reward hacks forged: N of M (bwrap)``.
 """

@@ -1,4 +1,4 @@
-"""The quickstart's training curve for the README, from a run folder.
+"""The quickstart's training curve for the manual (docs/training.md), from a run folder.
 
     python scripts/plot_quickstart.py runs/quickstart docs/quickstart_curve.svg
 
