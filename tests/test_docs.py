@@ -101,3 +101,14 @@ def test_the_readme_tour_runs_as_written_and_prints_what_it_says(tmp_path):
             *re.search(r"^prints\n\n```text\n(.*?)^```$", tour, re.S | re.M).group(1).splitlines(),
             re.findall(r"^prints `(.*?)`", tour, re.M)[1]]
     assert printed == said
+
+
+def test_the_readme_run_config_is_valid(tmp_path):
+    from draco_gym.algos.config import load_config
+
+    tour = README.read_text().split(TOUR, 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"^```yaml\n(.*?)^```$", tour, re.S | re.M)
+    (tmp_path / "run.yaml").write_text(block)
+    run = load_config(tmp_path / "run.yaml")
+    assert (run.env.id, run.credit.name, run.reward.name, run.rollout.group_size) == \
+        ("draco_gym/PythonTools-v0", "draco", "rule", 4)
