@@ -34,3 +34,8 @@ def package_tree(root: Path = ROOT, out: Path = SOURCE) -> Path:
 def on_config(config, **kwargs):
     package_tree()
     return config
+
+
+# mkdocstrings keeps only the handler paths that exist when it reads its configuration, which
+# comes before on_config: the tree must be there once this hook is loaded, on a first build too.
+package_tree()
