@@ -118,7 +118,7 @@ def write_run(run: Path, iterations: int, groups: int, size: int, n_steps: int, 
 
 
 def measure_page(html: Path, chromium: str, gid: int) -> dict[str, float]:
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu",
@@ -133,6 +133,7 @@ def measure_page(html: Path, chromium: str, gid: int) -> dict[str, float]:
         def timed(hash_: str, selector: str) -> float:
             start = time.perf_counter()
             page.evaluate("h => { location.hash = h; }", hash_)
+            expect(page.locator("body")).to_have_attribute("data-shown", hash_, timeout=120_000)  # the view drawn
             page.wait_for_selector(selector)
             return time.perf_counter() - start
 

@@ -73,7 +73,7 @@ def write_run(run: Path, iterations: int = 6, tasks_per_iteration: int = 3, seed
 
 
 def shoot(html: Path, out: Path, chromium: str) -> list[Path]:
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
     index = json.loads(html.read_text().split('id="run-index">', 1)[1].split("</script>", 1)[0])
     # The group view of the first group where the judge and the environment disagree, and
@@ -91,6 +91,7 @@ def shoot(html: Path, out: Path, chromium: str) -> list[Path]:
         page.wait_for_selector("body[data-ready='1']")
         for name, hash_, selector in views:
             page.evaluate("h => { location.hash = h; }", hash_)
+            expect(page.locator("body")).to_have_attribute("data-shown", hash_)  # the view drawn, not the last one
             page.wait_for_selector(selector)
             page.set_viewport_size({"width": 1280, "height": 900})
             if name == "report_run.png":  # three charts a row, the whole page

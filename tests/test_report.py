@@ -20,6 +20,16 @@ from draco_gym.cli import main
 from draco_gym.types import Step
 from report_fixtures import GUESSES, HOSTILE_CRITERION, HOSTILE_TEXT, READS_TOTAL, write_hand_made_run
 
+# Every view of the page under test draws this long after its hashchange, as on a loaded
+# machine: a test that reads the DOM before the view it asked for is drawn (an element the
+# previous view left, a row count taken before the filter applied) fails every time here rather
+# than now and then under load. Tests wait for the view the page says it has drawn instead
+# (body[data-shown], Page.show and Page.wait_shown) through Playwright's expect, which polls
+# without evaluating strings: the report's CSP forbids eval, so a string predicate given to
+# wait_for_function throws as soon as it has to poll.
+LATE_DRAW_MS = 150
+WAIT_MS = 30_000
+
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                   "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
 
@@ -50,10 +60,14 @@ class Page:
         self.requests, self.dialogs, self.errors = [], [], []
         self.context = browser.new_context(viewport={"width": 1400, "height": 1000})
         self.page = self.context.new_page()
-        self.page.set_default_timeout(10_000)
+        self.page.set_default_timeout(WAIT_MS)
         self.page.add_init_script("window.__violations = [];"
                                   "document.addEventListener('securitypolicyviolation',"
                                   " e => window.__violations.push(e.violatedDirective + ' ' + e.blockedURI));")
+        self.page.add_init_script("const listen = window.addEventListener;"
+                                  "window.addEventListener = function (type, fn, options) {"
+                                  f" const late = type === 'hashchange' ? e => setTimeout(() => fn(e), {LATE_DRAW_MS}) : fn;"
+                                  " return listen.call(this, type, late, options); };")
         self.page.route("**/*", self._route)
         self.page.on("dialog", self._dialog)
         self.page.on("pageerror", lambda exc: self.errors.append(str(exc)))
@@ -75,9 +89,18 @@ class Page:
         dialog.dismiss()
 
     def show(self, hash_, wait_for):
+        """Open the view at hash_ and wait until the page has drawn it and it holds wait_for."""
         self.page.evaluate("h => { location.hash = h; }", hash_)
+        self.wait_shown(hash_)
         self.page.wait_for_selector(wait_for)
         return self.page
+
+    def wait_shown(self, hash_):
+        """Wait until the page says it has finished drawing the view at hash_ (after a click
+        that navigates, for example)."""
+        from playwright.sync_api import expect
+
+        expect(self.page.locator("body")).to_have_attribute("data-shown", hash_, timeout=WAIT_MS)
 
     def left_the_page(self):
         """Requests for anything but the report itself, and CSP violations."""
@@ -124,8 +147,9 @@ def test_group_table_has_one_row_per_rollout_and_the_rubric_shows_origins(page, 
     # A citation in the rubric opens the rollout at the cited step.
     link = p.locator("#rubric tbody tr").nth(1).locator(".cites a").first  # "Checks the refund...", rollout #1
     assert link.inner_text() == "s2"
+    target = link.get_attribute("href")
     link.click()
-    p.wait_for_selector("#steps .step.focus")
+    page.wait_shown(target)
     assert p.locator("#steps .step.focus").get_attribute("id") == "step-2"
     assert "Checks the refund went through" in p.locator("#step-2 .citing").inner_text()
     # R_i and A_i: the second group's rewards are (0, 1, -1), so A = (0, +1.22, -1.22).
@@ -197,8 +221,8 @@ def test_filters_find_groups_by_task_criterion_verdict_termination_and_disagreem
     # Through the controls, as a user does: tick the lens.
     p = page.show("#groups", "#groups-table")
     p.locator("input[name=dis]").check()
-    p.wait_for_function("location.hash.includes('dis=1')")
-    p.wait_for_function("document.querySelectorAll('#groups-table tbody tr').length === 2")
+    page.wait_shown("#groups?dis=1")
+    assert p.locator("#groups-table tbody tr").count() == 2
     assert "judge rewarded it" in p.locator("#groups-table tbody tr").first.inner_text()
 
 
@@ -459,7 +483,7 @@ def test_many_groups_are_paged_and_the_lens_counts_every_page(tmp_path, browser)
         p = page.show("#groups", "#groups-table")
         assert p.locator("#groups-table tbody tr").count() == 50
         p.get_by_role("button", name="next ›").click()
-        p.wait_for_function("location.hash.includes('page=2')")
+        page.wait_shown("#groups?page=2")
         assert p.locator("#groups-table tbody tr").count() == 14
         assert "page 2 of 2" in p.locator(".pager").inner_text()
         p = page.show("#groups?dis=1", "#match-count")

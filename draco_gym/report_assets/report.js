@@ -78,18 +78,24 @@
   function go(hash) { location.hash = hash; }
   var renderToken = 0;
 
+  // The page marks the view it has finished drawing (body[data-shown] = its hash) so that a
+  // reader driving it (the tests, the screenshot bench) waits for that view, not for an element
+  // the previous view may still show: a view draws when its hashchange fires, and the group and
+  // rollout views only once their gzipped detail has been inflated.
   function render() {
-    var route = parseHash(), token = ++renderToken;
+    var route = parseHash(), token = ++renderToken, hash = location.hash;
+    document.body.removeAttribute('data-shown');
     clear(app);
     app.appendChild(header(route.parts[0] || 'run'));
     var main = el('main', { id: 'view' });
     app.appendChild(main);
-    var view = route.parts[0] || 'run';
-    if (view === 'group' && GROUPS[+route.parts[1]]) groupView(main, +route.parts[1], token);
-    else if (view === 'rollout' && GROUPS[+route.parts[1]]) rolloutView(main, +route.parts[1], +route.parts[2] || 0, token, +route.parts[3] || 0);
+    var view = route.parts[0] || 'run', drawn;
+    if (view === 'group' && GROUPS[+route.parts[1]]) drawn = groupView(main, +route.parts[1], token);
+    else if (view === 'rollout' && GROUPS[+route.parts[1]]) drawn = rolloutView(main, +route.parts[1], +route.parts[2] || 0, token, +route.parts[3] || 0);
     else if (view === 'groups') groupsView(main, route.params);
     else runView(main);
     if (view !== 'rollout' || !route.parts[3]) window.scrollTo(0, 0);
+    Promise.resolve(drawn).then(function () { if (token === renderToken) document.body.setAttribute('data-shown', hash); });
   }
 
   function header(active) {
@@ -479,7 +485,7 @@
       el('ul', null, g.fb.map(function (f) { return el('li', null, f); }))));
     main.appendChild(rubric);
 
-    loadDetail(gid).then(function (d) {
+    return loadDetail(gid).then(function (d) {
       if (token !== renderToken) return;
       clear(instruction);
       instruction.appendChild(folded('Task instruction', d.instruction, 600));
@@ -538,7 +544,7 @@
       stat('steps', String(r.ns)), stat('tokens', String(r.tok))));
     var body = el('div', null, el('p', { class: 'loading' }, 'Loading the steps…'));
     main.appendChild(body);
-    loadDetail(gid).then(function (d) {
+    return loadDetail(gid).then(function (d) {
       if (token !== renderToken) return;
       clear(body);
       var roll = d.rollouts[i];
