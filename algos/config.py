@@ -346,10 +346,14 @@ class WarmStartSection(_Section):
     batch_size: int = Field(4, ge=1, description="demonstrations per optimizer step")
     task_ids: list[str] | None = Field(None, description="demonstrate these tasks' reference solutions (null: "
                                                          "env.task_ids, else every task the env lists)")
-    check_tasks: int = Field(8, ge=0, description="then try the warm-started policy on this many held-out tasks "
-                                                  "(eval.task_ids, else the env's tasks not trained on), 2 episodes "
-                                                  "each at rollout.temperature, and say whether it is ready for "
+    check_tasks: int = Field(8, ge=0, description="then try the warm-started policy at rollout.temperature on this "
+                                                  "many of GRPO's train tasks (check_train_episodes each) and as "
+                                                  "many held-out tasks (eval.task_ids, else the env's tasks not "
+                                                  "trained on; 2 episodes each), and say whether it is ready for "
                                                   "GRPO; 0: no check")
+    check_train_episodes: int = Field(4, ge=2, description="episodes per train task in the check: a task whose "
+                                                           "episodes hold both a success and a failure is one a "
+                                                           "GRPO group can learn from")
 
 
 class RunConfig(_Section):

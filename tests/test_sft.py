@@ -8,7 +8,8 @@ import pytest
 
 pytest.importorskip("peft")
 
-from draco_gym.algos.policy.sft import READY, SOLVED, TOO_WEAK, warm_start_verdict  # noqa: E402
+from draco_gym.algos.policy.sft import (NO_TRANSFER, READY, SOLVED, TIED, TOO_WEAK, by_task, check_rates,  # noqa: E402
+                                        warm_start_verdict)
 from draco_gym.cli import main  # noqa: E402
 
 
@@ -59,22 +60,49 @@ def test_sft_command_teaches_the_reference_solutions(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "step 1/80 (epoch 1): loss " in printed and "step 80/80 (epoch 80): loss " in printed
     assert "epoch 80/80: mean loss " in printed
-    assert "checking the warm-started policy on 4 train tasks (nothing is held out" in printed
-    assert "closed, well-formed code blocks: 1.00 (" in printed
+    assert "checking the warm-started policy at temperature 1.0: 4 of GRPO's train tasks x 4 episodes, " \
+           "no held-out tasks" in printed
+    assert "train tasks: closed, well-formed code blocks 1.00 (" in printed
     check = report["check"]
-    assert check["success_rate"]["n"] == 8 and check["success_rate"]["mean"] >= 0.75
-    verdict = SOLVED if check["success_rate"]["k"] == 8 else READY
+    assert check["held_out"] is None
+    assert check["train"]["success_rate"]["n"] == 16 and check["train"]["success_rate"]["mean"] >= 0.75
+    mixed = check["train"]["mixed_tasks"]["k"]
+    verdict = SOLVED if check["train"]["success_rate"]["k"] == 16 else READY if mixed else TIED
     assert check["verdict"] == verdict and f"warm start check: {verdict}" in printed
 
 
-def test_the_verdict_wants_a_success_and_a_failure_to_learn_from():
-    def summary(wins, episodes, well_formed):
-        return {"success_rate": {"k": wins, "n": episodes, "mean": wins / episodes},
-                "well_formed_turns": {"mean": well_formed}}
-    assert warm_start_verdict(summary(3, 12, 0.7)) == READY
-    assert warm_start_verdict(summary(12, 12, 1.0)) == SOLVED  # every group would tie on the outcome
-    assert warm_start_verdict(summary(0, 12, 0.9)) == TOO_WEAK
-    assert warm_start_verdict(summary(3, 12, 0.4)) == TOO_WEAK
+def _episode(task: str, success: bool, well_formed: bool = True):
+    from draco_gym.types import Step, Task, Trajectory
+
+    step = Step(index=1, text="x", code="submit(1)" if well_formed else None, observation="")
+    return Trajectory(task=Task(id=task, instruction="i"), steps=[step], metrics={"success": success})
+
+
+def _rates(outcomes: dict[str, list[bool]], well_formed: bool = True) -> dict:
+    return check_rates(by_task([_episode(task, ok, well_formed) for task, oks in outcomes.items() for ok in oks]))
+
+
+def test_a_task_counts_as_learnable_when_its_episodes_hold_both_outcomes():
+    rates = _rates({"a": [True, True, False, True], "b": [True] * 4, "c": [False] * 4, "d": [False, True, False, False]})
+    assert rates["tasks"] == ["a", "b", "c", "d"]
+    assert (rates["mixed_tasks"]["k"], rates["mixed_tasks"]["n"]) == (2, 4)
+    assert (rates["success_rate"]["k"], rates["success_rate"]["n"]) == (8, 16)
+
+
+def test_the_verdict_wants_train_groups_with_both_outcomes_and_a_held_out_success():
+    """The issue's warm start: it replays the demonstrated answers, so each train task is
+    always solved or never (0.5 success, yet every GRPO group ties), while a held-out
+    episode succeeds now and then. The old check looked at held-out tasks only: "ready"."""
+    held_out = _rates({"h1": [True, False], "h2": [False, False]})
+    memorised = _rates({"a": [True] * 4, "b": [False] * 4, "c": [True] * 4, "d": [False] * 4})
+    assert warm_start_verdict(memorised, held_out) == TIED
+    learnable = _rates({"a": [True, False, True, True], "b": [False] * 4, "c": [True] * 4, "d": [False] * 4})
+    assert warm_start_verdict(learnable, held_out) == READY
+    assert warm_start_verdict(learnable, None) == READY  # nothing held out: the train side decides
+    assert warm_start_verdict(learnable, _rates({"h1": [False, False], "h2": [False, False]})) == NO_TRANSFER
+    assert warm_start_verdict(_rates({"a": [True] * 4, "b": [True] * 4}), held_out) == SOLVED
+    assert warm_start_verdict(_rates({"a": [False] * 4, "b": [False] * 4}), held_out) == TOO_WEAK
+    assert warm_start_verdict(_rates({"a": [True, False], "b": [False] * 2}, well_formed=False), held_out) == TOO_WEAK
 
 
 def test_sft_says_a_policy_that_writes_no_code_is_too_weak(tmp_path, capsys):
@@ -86,15 +114,26 @@ def test_sft_says_a_policy_that_writes_no_code_is_too_weak(tmp_path, capsys):
     config = tmp_path / "corridor.yaml"
     config.write_text(json.dumps({
         "name": "corridor", "output_dir": str(tmp_path / "run"),
-        "env": {"id": "draco_gym/Corridor-v0", "config": ENV_CONFIG},
+        "env": {"id": "draco_gym/Corridor-v0", "config": ENV_CONFIG, "task_ids": ["corridor-1", "corridor-2"]},
         "policy": {"model": str(policy), "lora": {"r": 4, "alpha": 8}},
         "rollout": {"max_new_tokens": 12, "max_response_tokens": 100},
         "warm_start": {"check_tasks": 2},
+        "eval": {"task_ids": ["corridor-3", "corridor-4"]},
     }))
     assert main(["sft", str(config), "--epochs", "1", "--lr", "1e-6"]) == 0
     printed = capsys.readouterr().out
+    assert "2 of GRPO's train tasks x 4 episodes, 2 held-out tasks x 2 episodes" in printed
     assert "warm start check: too weak: more epochs or a larger model" in printed
-    assert "env success: 0.00 (0/4)" in printed
+    assert "env success 0.00 (0/8)" in printed and "env success 0.00 (0/4)" in printed
+    # The episodes behind the verdict are kept beside it, in the report's format.
+    out = tmp_path / "run" / "warm_start"
+    check = json.loads((out / "warm_start.json").read_text())["check"]
+    assert sorted(check["train"]["tasks"]) == ["corridor-1", "corridor-2"]
+    assert check["held_out"]["tasks"] == ["corridor-3", "corridor-4"]
+    lines = [json.loads(line) for line in (out / "check" / "rollouts.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 * 4 + 2 * 2 and [r["task_id"] for r in lines].count("corridor-3") == 2
+    assert f"the episodes: {out / 'check' / 'rollouts.jsonl'}" in printed
+    assert main(["report", str(out / "check")]) == 0
 
 
 def test_sft_refuses_an_env_without_references(tmp_path, capsys):

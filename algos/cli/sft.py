@@ -6,10 +6,14 @@ LoRA shape), asks the environment for each train task's reference solution
 them through the environment so that the tokens are exactly those a rollout would hold,
 trains the policy on them (``draco_gym.algos.policy.sft``), one progress line per step with
 its loss, and writes the warm-started model, adapter merged, to ``OUTPUT_DIR/warm_start``. It
-then tries that policy on a few held-out tasks (``warm_start.check_tasks``: sampled episodes
-at the rollout temperature) and prints the share of turns with a closed, well-formed code
-block, the env's success rate and a verdict, "ready for GRPO" or "too weak: more epochs or a
-larger model" (``policy.sft.warm_start_verdict``); ``warm_start.json`` keeps them. Train from it with
+then samples that policy at the rollout temperature on a few of GRPO's train tasks, several
+episodes each, and on a few held-out tasks (``warm_start.check_tasks``,
+``warm_start.check_train_episodes``), prints each side's share of turns with a closed,
+well-formed code block, the env's success rate, how many train tasks gave both a success and a
+failure, and a verdict (``policy.sft.warm_start_verdict``): "ready for GRPO" only when groups
+on the train tasks would hold both outcomes and held-out episodes succeed sometimes.
+``warm_start.json`` keeps them, ``warm_start/check/rollouts.jsonl`` the episodes behind them
+(``draco-gym report OUTPUT_DIR/warm_start/check`` shows them). Train from it with
 ``--set policy.model=OUTPUT_DIR/warm_start``: GRPO then measures and improves the
 warm-started policy, and its KL reference is that policy.
 """
@@ -96,7 +100,8 @@ def warm_start_from_config(config, settings=None, *, out: str | Path | None = No
     out = Path(out or Path(config.output_dir) / "warm_start")
     env = make_env(config.env.id, config.env.config, config.env.modules)
     try:
-        task_ids = list(settings.task_ids or config.env.task_ids or getattr(env.unwrapped, "task_ids", None) or [])
+        grpo_tasks = list(config.env.task_ids or getattr(env.unwrapped, "task_ids", None) or [])
+        task_ids = list(settings.task_ids or grpo_tasks)
         if max_tasks:
             task_ids = task_ids[:max_tasks]
         if not task_ids:
@@ -108,7 +113,7 @@ def warm_start_from_config(config, settings=None, *, out: str | Path | None = No
         if reuse and done.is_file() and json.loads(done.read_text()).get("key") == json.loads(json.dumps(key)):
             print(f"warm start: reusing {out} (same model, tasks and settings)", flush=True)
             check = json.loads(done.read_text()).get("check")
-            if check:
+            if check and "train" in check:  # a check saved by this version
                 print(check_summary(check), flush=True)
             return out
         chat = ChatFormat.from_tokenizer(AutoTokenizer.from_pretrained(model))
@@ -132,7 +137,8 @@ def warm_start_from_config(config, settings=None, *, out: str | Path | None = No
     print(f"warm-started model in {out} ({report['seconds']} s, {steps} steps, final epoch's loss "
           f"{report['losses'][-1]:.4f})", flush=True)
     if settings.check_tasks:
-        report["check"] = check_warm_start(config, out, task_ids, settings.check_tasks)
+        report["check"] = check_warm_start(config, out, task_ids, grpo_tasks or task_ids, settings.check_tasks,
+                                           settings.check_train_episodes)
     (out / "warm_start.json").write_text(json.dumps(report, indent=1))
     return out
 
@@ -144,39 +150,72 @@ def progress(row: dict, seconds: float) -> str:
     return f"  step {row['step']}/{row['steps']} (epoch {row['epoch']}): loss {row['loss']:.4f} ({seconds:.0f} s)"
 
 
-def check_tasks(config, trained: list[str], n: int) -> tuple[list[str], bool]:
-    """The tasks the warm start is checked on: the first ``n`` of ``eval.task_ids``, else of
-    the eval environment's tasks not trained on; the train tasks when nothing is held out
-    (the bool says whether the tasks are held out)."""
+def check_tasks(config, trained: list[str], n: int) -> list[str]:
+    """The held-out tasks the warm start is checked on: the first ``n`` of ``eval.task_ids``,
+    else of the eval environment's tasks not trained on; none when nothing is held out."""
     from draco_gym.algos.cli.before_after import eval_setup
 
     _, eval_ids = eval_setup(config)
     held_out = [t for t in eval_ids if t not in set(trained)] if config.eval.task_ids is None else list(eval_ids)
-    return (held_out[:n], True) if held_out else (trained[:n], False)
+    return held_out[:n]
 
 
-def check_warm_start(config, model_dir: Path, trained: list[str], n: int) -> dict:
-    """Sampled episodes of a few held-out tasks with the warm-started policy
-    (``policy.sft.check_policy``); prints the rates and the verdict, returns them."""
-    from draco_gym.algos.policy.sft import check_policy
+HELD_OUT_EPISODES = 2
+
+
+def check_warm_start(config, model_dir: Path, trained: list[str], grpo_tasks: list[str], n: int,
+                     train_episodes: int) -> dict:
+    """Sampled episodes of the warm-started policy at the rollout temperature: ``n`` of GRPO's
+    train tasks (a seeded sample of ``grpo_tasks``), ``train_episodes`` each, and ``n``
+    held-out tasks, ``HELD_OUT_EPISODES`` each. Prints each side's rates and the verdict
+    (``policy.sft.warm_start_verdict``), writes the episodes to ``model_dir/check/rollouts.jsonl``
+    (``draco-gym report`` reads it) and returns the rates and the verdict."""
+    import random
+
+    from draco_gym.algos.policy.sft import by_task, check_rates, sample_episodes, warm_start_verdict
     from draco_gym.algos.rllib.env_runner import make_env
+    from draco_gym.records import append_records
+    from draco_gym.types import RolloutRecord
 
-    tasks, held_out = check_tasks(config, trained, n)
-    env_config = {**config.env.config, **config.eval.env_config}
-    where = "held-out tasks" if held_out else "train tasks (nothing is held out: set eval.task_ids)"
-    print(f"checking the warm-started policy on {len(tasks)} {where}, 2 episodes each at temperature "
-          f"{config.rollout.temperature} ...", flush=True)
-    check = check_policy(model_dir, lambda: make_env(config.env.id, env_config, config.env.modules), tasks,
-                         config.rollout, temperature=config.rollout.temperature,
-                         dtype=config.policy.dtype, seed=config.seed)
-    check["held_out"] = held_out
+    train_tasks = random.Random(config.seed).sample(grpo_tasks, min(n, len(grpo_tasks)))
+    held_out_tasks = check_tasks(config, trained, n)
+    print(f"checking the warm-started policy at temperature {config.rollout.temperature}: {len(train_tasks)} of "
+          f"GRPO's train tasks x {train_episodes} episodes, " +
+          (f"{len(held_out_tasks)} held-out tasks x {HELD_OUT_EPISODES} episodes ..." if held_out_tasks else
+           "no held-out tasks (nothing is held out: set eval.task_ids) ..."), flush=True)
+
+    def play(tasks: list[str], episodes: int, env_config: dict) -> list:
+        plays = [task for task in tasks for _ in range(episodes)]
+        return by_task(sample_episodes(model_dir, lambda: make_env(config.env.id, env_config, config.env.modules),
+                                       plays, config.rollout, temperature=config.rollout.temperature,
+                                       dtype=config.policy.dtype, seed=config.seed))
+
+    train = play(train_tasks, train_episodes, config.env.config)
+    held_out = play(held_out_tasks, HELD_OUT_EPISODES, {**config.env.config, **config.eval.env_config}) \
+        if held_out_tasks else []
+    episodes = model_dir / "check" / "rollouts.jsonl"
+    episodes.parent.mkdir(parents=True, exist_ok=True)
+    episodes.unlink(missing_ok=True)
+    append_records(episodes, [r.model_dump(mode="json") for g in train + held_out for r in RolloutRecord.of_group(g)])
+    check = {"train": check_rates(train), "held_out": check_rates(held_out) if held_out else None,
+             "temperature": config.rollout.temperature, "episodes": str(episodes)}
+    check["verdict"] = warm_start_verdict(check["train"], check["held_out"])
     print(check_summary(check), flush=True)
     return check
 
 
 def check_summary(check: dict) -> str:
-    """The check's rates and its verdict, for the terminal."""
-    rates = [("closed, well-formed code blocks", check["well_formed_turns"]),
-             ("env success", check["success_rate"]), ("executed blocks that raised", check["raised_blocks"])]
-    lines = [f"  {name}: {rate['mean']:.2f} ({rate['k']}/{rate['n']})" for name, rate in rates]
+    """Each side's rates and the verdict, for the terminal."""
+    rates = [("closed, well-formed code blocks", "well_formed_turns"), ("env success", "success_rate"),
+             ("executed blocks that raised", "raised_blocks")]
+    lines = []
+    for side, label in (("train", "train tasks"), ("held_out", "held-out tasks")):
+        if check.get(side):
+            got = check[side]
+            lines.append(f"  {label}: " + ", ".join(f"{name} {got[key]['mean']:.2f} ({got[key]['k']}/{got[key]['n']})"
+                                                      for name, key in rates))
+    mixed = check["train"]["mixed_tasks"]
+    lines.append(f"  train tasks whose episodes hold both a success and a failure (a GRPO group on them has an "
+                 f"outcome to learn from): {mixed['k']} of {mixed['n']}")
+    lines.append(f"  the episodes: {check['episodes']} (draco-gym report {Path(check['episodes']).parent})")
     return "\n".join([*lines, f"warm start check: {check['verdict']}"])

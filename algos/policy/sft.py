@@ -154,26 +154,26 @@ def warm_start(model_dir: str | Path, examples: Sequence[Demonstration], out_dir
 
 READY = "ready for GRPO"
 TOO_WEAK = "too weak: more epochs or a larger model"
-SOLVED = "already solves every check episode: GRPO has little left to learn here (fewer epochs, or harder tasks)"
+SOLVED = ("already solves every train-task episode: GRPO groups would tie on the outcome "
+          "(fewer epochs, or harder tasks)")
+TIED = ("each train task's episodes all succeed or all fail: GRPO groups would tie on the outcome "
+        "(fewer epochs, or other train tasks)")
+NO_TRANSFER = ("solves no held-out episode: what the warm start taught does not carry to new tasks "
+               "(fewer epochs, or more varied reference solutions)")
 
 
-def check_policy(model_dir: str | Path, make_env: Callable[[], Any], task_ids: Sequence[str], limits, *,
-                 episodes_per_task: int = 2, temperature: float = 1.0, dtype: str = "float32", seed: int = 0,
-                 parallel: int = 4) -> dict:
-    """A few sampled episodes of ``task_ids`` with the model in ``model_dir``, played by the
-    rollout loop GRPO uses (same chat layout, sampler and token budgets ``limits``), no Ray:
-    ``draco_gym.algos.evaluation.episode_summary``'s rates (``well_formed_turns``: turns with
-    one closed, well-formed code block; ``success_rate``: the environment's verdict) plus a
-    ``verdict`` (``warm_start_verdict``). ``parallel`` episodes run at a time, each in an
-    environment of its own from ``make_env``."""
+def sample_episodes(model_dir: str | Path, make_env: Callable[[], Any], plays: Sequence[str], limits, *,
+                    temperature: float = 1.0, dtype: str = "float32", seed: int = 0, parallel: int = 4) -> list:
+    """One sampled episode (a ``Trajectory``) per entry of ``plays`` (task ids, a task repeated
+    for several episodes) with the model in ``model_dir``, played by the rollout loop GRPO
+    uses (same chat layout, sampler and token budgets ``limits``), no Ray. ``parallel``
+    episodes run at a time, each in an environment of its own from ``make_env``."""
     from transformers import AutoTokenizer
 
-    from draco_gym.algos.evaluation import episode_summary
     from draco_gym.algos.policy.chat import ChatFormat, eos_token_ids
     from draco_gym.algos.policy.generation import TorchSampler
     from draco_gym.algos.policy.lm import load_causal_lm
     from draco_gym.algos.policy.rollout import Episode, run_episodes
-    from draco_gym.types import RolloutGroup
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     chat = ChatFormat.from_tokenizer(tokenizer)
@@ -181,7 +181,6 @@ def check_policy(model_dir: str | Path, make_env: Callable[[], Any], task_ids: S
     eos = eos_token_ids(tokenizer, getattr(lm, "generation_config", None))
     sampler = TorchSampler(lm, eos_ids=eos, pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None
                            else eos[0], temperature=temperature)
-    plays = [task for task in task_ids for _ in range(episodes_per_task)]
     envs = [make_env() for _ in range(min(parallel, len(plays)))]
     trajectories = []
     try:
@@ -193,18 +192,44 @@ def check_policy(model_dir: str | Path, make_env: Callable[[], Any], task_ids: S
     finally:
         for env in envs:
             env.close()
-    summary = episode_summary([RolloutGroup(task_id=t.task.id, trajectories=[t]) for t in trajectories])
-    return {**summary, "tasks": list(dict.fromkeys(task_ids)), "episodes_per_task": episodes_per_task,
-            "temperature": temperature, "verdict": warm_start_verdict(summary)}
+    return trajectories
 
 
-def warm_start_verdict(summary: dict) -> str:
-    """``READY`` when GRPO has something to learn from: at least half the turns carry a
-    closed, well-formed code block and some episode succeeds, but not every one (a group
-    with a success and a failure has spread); ``SOLVED`` when every episode succeeds (the
-    outcome gives every group equal rewards); else ``TOO_WEAK``."""
-    well_formed = summary["well_formed_turns"]["mean"]
-    wins, episodes = summary["success_rate"]["k"], summary["success_rate"]["n"]
-    if wins and wins == episodes:
+def by_task(trajectories: Sequence) -> list:
+    """The episodes as ``RolloutGroup``s, one per task, in the order the tasks first appear."""
+    from draco_gym.types import RolloutGroup
+
+    tasks: dict[str, list] = {}
+    for t in trajectories:
+        tasks.setdefault(t.task.id, []).append(t)
+    return [RolloutGroup(task_id=task, trajectories=ts) for task, ts in tasks.items()]
+
+
+def check_rates(groups: Sequence) -> dict:
+    """``draco_gym.algos.evaluation.episode_summary``'s rates of one side of the check plus
+    ``mixed_tasks``: the tasks whose episodes hold both a success and a failure, the tasks on
+    which a GRPO group would have an outcome spread to learn from."""
+    from draco_gym.algos.evaluation import episode_summary, share
+
+    mixed = sum(len({bool(t.metrics.get("success")) for t in g.trajectories}) == 2 for g in groups)
+    return {**episode_summary(groups), "mixed_tasks": share(mixed, len(groups)), "tasks": [g.task_id for g in groups]}
+
+
+def warm_start_verdict(train: dict, held_out: dict | None) -> str:
+    """Whether GRPO can learn from the warm-started policy, from ``check_rates`` of its train
+    tasks and of held-out ones (``None`` when nothing is held out). GRPO learns from groups
+    whose outcomes differ, so on the train tasks it wants at least half the turns well-formed,
+    some episode succeeding (else ``TOO_WEAK``) but not every one (``SOLVED``), and some task
+    whose episodes hold both a success and a failure (``TIED``: a warm start that replays the
+    demonstrated answers solves some tasks always and the rest never). A held-out success
+    (else ``NO_TRANSFER``) says the skill, not the answers, was learned."""
+    wins, episodes = train["success_rate"]["k"], train["success_rate"]["n"]
+    if train["well_formed_turns"]["mean"] < 0.5 or not wins:
+        return TOO_WEAK
+    if wins == episodes:
         return SOLVED
-    return READY if well_formed >= 0.5 and wins > 0 else TOO_WEAK
+    if not train["mixed_tasks"]["k"]:
+        return TIED
+    if held_out is not None and not held_out["success_rate"]["k"]:
+        return NO_TRANSFER
+    return READY
