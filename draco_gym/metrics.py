@@ -136,3 +136,27 @@ def reward_outcome_divergence(reward_means, outcome_means, window: int = 8, marg
     rise = _slope([r for r, _ in kept]) * (window - 1)
     fall = _slope([o for _, o in kept]) * (window - 1)
     return (rise, fall) if rise >= margin and fall <= -margin else None
+
+
+def success_kl_collapse(success_means, kl_means, window: int = 4, margin: float = 0.25, kl_rise: float = 0.01):
+    """The collapse alarm: over the last ``window`` iterations, the environment's success fell
+    while the policy's KL to its reference climbed, the mark of an update too large for the
+    task (a learning rate that walks the policy off what it could do). Each series is fitted
+    by least squares; the alarm fires when the fitted success lost at least ``margin`` over
+    the window (slope x (window - 1)) and the fitted KL gained at least ``kl_rise``. Returns
+    (success change, KL change) when it fires, None otherwise (and while fewer than ``window``
+    iterations have both). An iteration whose success or KL is None is left out of both.
+
+    A short window, unlike the reward-hacking alarm's: a collapse takes a few iterations (a
+    run of 8 went 1.00, 0.67, 0.17, 0.00), and the KL's rise tells it from a run of hard
+    draws, whose policy has not moved."""
+    if window < 2:
+        raise ValueError(f"window must be >= 2, got {window}")
+    if len(success_means) != len(kl_means):
+        raise ValueError(f"{len(success_means)} success means for {len(kl_means)} KL means")
+    kept = [(float(s), float(k)) for s, k in zip(success_means, kl_means) if s is not None and k is not None][-window:]
+    if len(kept) < window:
+        return None
+    fall = _slope([s for s, _ in kept]) * (window - 1)
+    rise = _slope([k for _, k in kept]) * (window - 1)
+    return (fall, rise) if fall <= -margin and rise >= kl_rise else None

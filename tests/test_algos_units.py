@@ -442,3 +442,39 @@ def test_the_progress_callback_pickles_after_ray_replaced_print(tmp_path, monkey
     restored.on_trial_result(0, [], SimpleNamespace(local_path=None),
                              {"training_iteration": 1, "env_runners": {"episode_return_mean": 0.5}})
     assert "[iter 1/2]" in capsys.readouterr().out
+
+
+def test_the_console_hears_each_alarm_once(tmp_path, caplog):
+    """A collapse (the issue's run: success 1.00 -> 0.00 while the KL rose to 0.137) warns
+    once, on the console of draco-gym train (the progress callback, in the driver) and through
+    the trainer's logger for a run driven from Python; the reward-hacking alarm, whose warning
+    the trial's log kept from the console, warns there too."""
+    from types import SimpleNamespace
+
+    from draco_gym.algos.rllib.grpo import GRPO
+    from draco_gym.algos.rllib.runs import ProgressCallback
+    from test_reward_hacking_alarm import COLLAPSE_KL, COLLAPSE_SUCCESS
+
+    def result(t, success, kl, reward):
+        return {"training_iteration": t, "env_runners": {"episode_return_mean": reward, "env": {"success": success}},
+                "learners": {"default_policy": {"kl": kl}}}
+
+    lines = []
+    callback = ProgressCallback(tmp_path, total_iterations=8, echo=lines.append)
+    trainer = SimpleNamespace(_rows=[], _collapse_warned=False)
+    for t, (success, kl) in enumerate(zip(COLLAPSE_SUCCESS, COLLAPSE_KL), start=1):
+        callback.on_trial_result(t, [], SimpleNamespace(local_path=None), result(t, success, kl, 0.5))
+        with caplog.at_level("WARNING", logger="draco_gym.algos.rllib.grpo"):
+            GRPO._watch_for_collapse(trainer, result(t, success, kl, 0.5))
+    warnings = [line for line in lines if line.startswith("warning:")]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: iteration 5: the environment's success fell by 0.69")
+    assert "while the KL to the reference policy rose by 0.035" in warnings[0]  # 0.0345
+    assert lines.index(warnings[0]) == lines.index(next(line for line in lines if "[iter 5/8]" in line)) + 1
+    assert [r.getMessage() for r in caplog.records] == [warnings[0].removeprefix("warning: ")]
+
+    lines.clear()
+    callback = ProgressCallback(tmp_path, total_iterations=10, echo=lines.append)
+    for t in range(1, 11):  # the reward rising 0.1 an iteration while success falls as much
+        callback.on_trial_result(t, [], SimpleNamespace(local_path=None), result(t, 0.9 - 0.1 * t, 0.01, 0.1 * t))
+    warnings = [line for line in lines if line.startswith("warning:")]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: iteration 8: the reward rose by 0.700")

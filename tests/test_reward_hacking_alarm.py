@@ -1,6 +1,7 @@
 """The reward-hacking alarm's arithmetic, against numbers worked by hand: Kendall's tau-b
 between the training reward and the environment's outcome within each group
-(outcome_agreement), and the windowed "reward rises while the outcome falls" detector."""
+(outcome_agreement), the windowed "reward rises while the outcome falls" detector, and the
+collapse alarm beside it ("the outcome falls while the KL climbs")."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 
 import pytest
 
-from draco_gym.metrics import kendall_tau_b, outcome_agreement, reward_outcome_divergence
+from draco_gym.metrics import kendall_tau_b, outcome_agreement, reward_outcome_divergence, success_kl_collapse
 
 
 def test_kendall_tau_b_by_hand():
@@ -65,3 +66,28 @@ def _change(values):
     """slope x (n - 1) of 4 values, written out: sum((i - 1.5) (v - mean)) / 5 x 3."""
     mean = sum(values) / 4
     return sum((i - 1.5) * (v - mean) for i, v in enumerate(values)) / 5 * 3
+
+
+# The issue's run: 8 iterations at lr 3e-4, training success falling from 1.00 to 0.00 while
+# the KL rose to 0.137.
+COLLAPSE_SUCCESS = [0.67, 0.83, 1.00, 0.67, 0.17, 0.00, 0.50, 0.00]
+COLLAPSE_KL = [0.010, 0.015, 0.020, 0.030, 0.050, 0.080, 0.110, 0.137]
+
+
+def test_the_collapse_alarm_fires_when_success_falls_while_the_kl_climbs():
+    # Iteration 5's window, success 0.83, 1.00, 0.67, 0.17: mean 0.6675, sum((i - 1.5)(v - mean))
+    # = -1.155, slope -0.231, -0.693 over the window; KL 0.015 .. 0.050: sum 0.0575, slope
+    # 0.0115, +0.0345 over it.
+    fires = [success_kl_collapse(COLLAPSE_SUCCESS[:t], COLLAPSE_KL[:t]) for t in range(1, 9)]
+    assert fires[:4] == [None] * 4
+    assert fires[4] == (pytest.approx(-0.693), pytest.approx(0.0345))
+    assert fires[5] is not None and fires[6] is None  # 0.50 at iteration 7: the fitted fall is 0.18
+    # Success falling with the KL flat (hard draws, the policy has not moved), or success
+    # rising with the KL: no alarm.
+    assert success_kl_collapse([0.8, 0.6, 0.4, 0.2], [0.030, 0.030, 0.031, 0.030]) is None
+    assert success_kl_collapse([0.5, 0.6, 0.7, 0.8], [0.01, 0.02, 0.03, 0.04]) is None
+    # An iteration without an outcome is left out of both series.
+    assert success_kl_collapse([0.83, None, 1.00, 0.67, 0.17], [0.015, 0.9, 0.020, 0.030, 0.050]) == (
+        pytest.approx(-0.693), pytest.approx(0.0345))
+    with pytest.raises(ValueError, match="4 success means for 3 KL means"):
+        success_kl_collapse([0.1] * 4, [0.1] * 3)

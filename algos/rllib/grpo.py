@@ -60,7 +60,8 @@ from draco_gym.algos.rllib.env_runner import RESTORED, LLMEnvRunner, env_source
 from draco_gym.algos.rllib.learner import GRPOTorchLearner
 from draco_gym.algos.policy.models import adapter_base, check_adapter_base, resolve_model
 from draco_gym.algos.rllib.module import HFPolicyModule
-from draco_gym.algos.rllib.reporting import OUTCOME, PHASES, MetricsLog, RolloutLog, iteration_metrics
+from draco_gym.algos.rllib.reporting import (OUTCOME, PHASES, MetricsLog, RolloutLog, compact, iteration_metrics,
+                                            reward_hacking_warning, run_alarms)
 from draco_gym.metrics import reward_outcome_divergence
 from draco_gym.reward.judge_health import DeadJudge, dead_judge
 from draco_gym.types import RolloutGroup
@@ -334,6 +335,8 @@ class GRPO(Algorithm):
         self._judged = deque(maxlen=self.config.run.reward.dead_judge_groups)  # the last groups' scores, in scoring order
         self._reward_and_outcome: list[tuple[float, float | None]] = []  # per iteration
         self._divergence_warned = False
+        self._rows: list[dict[str, Any]] = []  # compact results, per iteration (the collapse alarm's)
+        self._collapse_warned = False
         self._tune_checkpoint: Path | None = None
         self._sampler_version: int | None = None  # updates in the env runners' weights (None: the learner's)
         self._ahead: tuple[int, tuple[int, ...], int] | None = None  # (iteration, runners, version) drawing ahead
@@ -354,7 +357,19 @@ class GRPO(Algorithm):
         result = super().train()
         if self.metrics_log is not None:
             self.metrics_log.add(result)
+        self._watch_for_collapse(result)
         return result
+
+    def _watch_for_collapse(self, result: dict) -> None:
+        """The collapse alarm (``draco_gym.metrics.success_kl_collapse``): the environment's
+        success falling while the KL to the reference climbs. It warns once through this
+        module's logger, for a run driven from Python (``draco-gym train``'s console hears it
+        from ``runs.ProgressCallback``); the run goes on."""
+        self._rows.append(compact(result))
+        warning = run_alarms(self._rows).get("collapse")
+        if warning is not None and not self._collapse_warned:
+            self._collapse_warned = True
+            logger.warning(warning)
 
     def training_step(self) -> None:
         timers: dict[str, float] = dict.fromkeys(PHASES, 0.0)
@@ -452,9 +467,7 @@ class GRPO(Algorithm):
         metrics["judge/reward_outcome_divergence"] = float(alarm is not None)
         if alarm is not None and not self._divergence_warned:
             self._divergence_warned = True
-            logger.warning("iteration %d: the reward rose by %.3f while the environment's %s fell by %.3f over "
-                           "the last iterations: the policy may be learning to please the reward, not to do "
-                           "the task (read the report's rollouts)", self.iteration, alarm[0], OUTCOME, -alarm[1])
+            logger.warning(reward_hacking_warning(self.iteration, *alarm))
 
     def sample_tasks(self, iteration: int) -> list[str]:
         """``tasks_per_iteration`` task ids, drawn from the iteration's own seed (a resumed run

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from draco_gym.algos.config import RESULT_GROUPS, RESULT_TOP_KEYS, LoggingSection
-from draco_gym.metrics import outcome_agreement
+from draco_gym.metrics import outcome_agreement, reward_outcome_divergence, success_kl_collapse
 from draco_gym.records import append_records, read_records
 from draco_gym.reward.base import FallbackKind, count_fallbacks
 from draco_gym.types import RolloutGroup, RolloutRecord
@@ -178,6 +178,38 @@ def progress_line(m: dict[str, Any], total_iterations: int | None = None) -> str
             f"kl={m.get('learners/default_policy/kl') or 0:.4f} "
             f"tok/s={m.get('env_runners/generated_tokens_per_s') or 0:.1f} | "
             f"{times} iter={m.get('time_this_iter_s') or 0:.1f}s")
+
+
+SUCCESS_KEY = f"env_runners/env/{OUTCOME}"
+KL_KEY = "learners/default_policy/kl"
+REWARD_KEY = "env_runners/episode_return_mean"
+
+
+def reward_hacking_warning(iteration: int, rise: float, fall: float) -> str:
+    return (f"iteration {iteration}: the reward rose by {rise:.3f} while the environment's {OUTCOME} fell by "
+            f"{-fall:.3f} over the last iterations: the policy may be learning to please the reward, not to do "
+            "the task (read the report's rollouts)")
+
+
+def run_alarms(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """The alarms that hold at the last of a run's ``compact`` rows, by name, each as the
+    warning to print: ``reward_hacking`` (``metrics.reward_outcome_divergence``: the reward
+    rising while the outcome falls) and ``collapse`` (``metrics.success_kl_collapse``: the
+    outcome falling while the KL to the reference climbs)."""
+    if not rows:
+        return {}
+    iteration = int(rows[-1].get("training_iteration", len(rows)))
+    out = {}
+    hacking = reward_outcome_divergence([r.get(REWARD_KEY) or 0.0 for r in rows], [r.get(SUCCESS_KEY) for r in rows])
+    if hacking is not None:
+        out["reward_hacking"] = reward_hacking_warning(iteration, *hacking)
+    collapse = success_kl_collapse([r.get(SUCCESS_KEY) for r in rows], [r.get(KL_KEY) for r in rows])
+    if collapse is not None:
+        out["collapse"] = (f"iteration {iteration}: the environment's {OUTCOME} fell by {-collapse[0]:.2f} over the "
+                           f"last iterations while the KL to the reference policy rose by {collapse[1]:.3f}: the "
+                           "policy is collapsing (a smaller optim.lr, or a larger optim.kl_coeff; the checkpoint "
+                           "before the fall is the better policy)")
+    return out
 
 
 def print_line(line: str) -> None:

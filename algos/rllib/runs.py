@@ -21,7 +21,7 @@ from ray import tune
 from draco_gym.algos.config import ConfigError, RunConfig
 from draco_gym.algos.policy.models import BaseModelMismatch, base_for_adapter, resolve_model
 from draco_gym.algos.rllib.grpo import ADAPTER_DIR, GRPOConfig
-from draco_gym.algos.rllib.reporting import compact, print_line, progress_line, tracker_callbacks
+from draco_gym.algos.rllib.reporting import compact, print_line, progress_line, run_alarms, tracker_callbacks
 from draco_gym.algos.rllib.session import start_ray
 
 
@@ -35,12 +35,18 @@ class ProgressCallback(tune.Callback):
         self.total = total_iterations
         self.echo = echo
         self.rows: list[dict] = []
+        self.warned: set[str] = set()
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         row = compact(result)
         self.rows.append(row)
         if self.echo:
             self.echo(progress_line(row, self.total))
+            # The trial's own warnings stay in its worker's log: the console hears each alarm here, once.
+            for name, warning in run_alarms(self.rows).items():
+                if name not in self.warned:
+                    self.warned.add(name)
+                    self.echo(f"warning: {warning}")
         target = getattr(trial, "local_path", None)
         if target is not None and self.plots.is_dir():
             (Path(target) / "plots").mkdir(parents=True, exist_ok=True)
