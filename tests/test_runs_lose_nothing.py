@@ -331,6 +331,40 @@ def test_check_probes_a_configured_judge_server(tiny_model, tmp_path, capsys):
 # -- damaged input to report --------------------------------------------------------------------
 
 
+def test_check_probes_every_judge_a_config_names_weighted_parts_and_credit_included(tiny_model, tmp_path, capsys):
+    """A judge inside a weighted reward's parts (a part of a part too) and a credit rule's
+    judge are probed like reward.options.judge: each named by its key."""
+    import socket
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from judge_server import JudgeServer
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+
+    def judged(url):
+        return {"name": "dynamic", "options": {"judge": {"name": "openai", "model": "m", "base_url": url,
+                                                         "api_key_env": "NO_SUCH_KEY_VARIABLE"}}}
+
+    with JudgeServer(lambda request: {"ok": True}) as up, JudgeServer(lambda request: {"ok": True}) as deep:
+        nested = {"name": "weighted", "options": {"parts": [
+            {"name": "outcome", "weight": 1.0},
+            {"name": "weighted", "weight": 0.5, "options": {"parts": [{**judged(deep.base_url), "weight": 1.0}]}},
+            {**judged(up.base_url), "weight": 0.25}]}}
+        config = write_config(tmp_path, tiny_model, tmp_path / "run", reward=nested)
+        assert main(["train", str(config), "--check"]) == 0
+        out = capsys.readouterr().out
+        assert f"reward.options.parts[1].options.parts[0].options.judge: judge at {deep.base_url} answered a probe" in out
+        assert f"reward.options.parts[2].options.judge: judge at {up.base_url} answered a probe" in out
+        assert len(up.requests) == len(deep.requests) == 1
+        nested["options"]["parts"][2] = {**judged(f"http://127.0.0.1:{port}/v1"), "weight": 0.25}
+        config = write_config(tmp_path, tiny_model, tmp_path / "run", reward=nested)
+        assert main(["train", str(config), "--check"]) == 2
+        err = capsys.readouterr().err
+        assert "error: reward.options.parts[2].options.judge: " in err and str(port) in err
+
+
 def test_report_names_damage_skips_a_torn_line_and_warns_of_a_repeated_iteration(tmp_path, capsys):
     from report_fixtures import write_hand_made_run
 

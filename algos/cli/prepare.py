@@ -51,20 +51,45 @@ def _env_key(message: str) -> str:
     return "env.config: " if "could not be built" in message else "env.id: "
 
 
+def named_judges(config) -> list[tuple[str, object]]:
+    """Every judge the config names, with its key: ``reward.options.judge``, the judge of each
+    part of a weighted reward (``reward.options.parts[k].options.judge``, parts of parts too)
+    and a credit rule's (``credit.options.judge``, a registered name with ``judge_options``)."""
+    def in_reward(options: dict, key: str) -> list[tuple[str, object]]:
+        found = [(f"{key}.judge", options["judge"])] if options.get("judge") is not None else []
+        for k, part in enumerate(options.get("parts") or []):
+            if isinstance(part, dict) and isinstance(part.get("options"), dict):
+                found += in_reward(part["options"], f"{key}.parts[{k}].options")
+        return found
+
+    judges = in_reward(config.reward.options, "reward.options")
+    credit = config.credit.options
+    if isinstance(credit.get("judge"), str):
+        judges.append(("credit.options.judge", {"name": credit["judge"], **(credit.get("judge_options") or {})}))
+    elif credit.get("judge") is not None:
+        judges.append(("credit.options.judge", credit["judge"]))
+    return judges
+
+
 def probe_judge(config) -> str:
-    """One small request to the run's judge server (``reward.options.judge`` with an HTTP
-    judge): what was probed, or why nothing was. Raises ``ConfigError`` naming the key when
-    the judge does not answer."""
-    judge = config.reward.options.get("judge")
-    if not isinstance(judge, dict):
-        return "no judge server configured (reward.options.judge): nothing to probe"
-    name = judge.get("name", "openai")
-    if name != "openai":
-        return f"judge {name!r} runs in the trainer's processes, not behind a server: not probed"
+    """One small request to each judge server the run names (``named_judges`` with an HTTP
+    judge): one line each, what was probed or why nothing was. Raises ``ConfigError`` naming
+    the key when a judge does not answer."""
     from draco_gym.reward.judge_health import probe_judge as probe
 
-    try:
-        probe(judge)
-    except Exception as exc:  # noqa: BLE001 - JudgeUnavailable, or a judge the options cannot build
-        raise ConfigError(f"reward.options.judge: {exc}") from None
-    return f"judge at {judge.get('base_url') or 'the default OpenAI endpoint'} answered a probe"
+    judges = named_judges(config)
+    if not judges:
+        return "no judge configured (reward.options.judge, a weighted reward's parts, credit.options.judge): " \
+               "nothing to probe"
+    lines = []
+    for key, judge in judges:
+        name = judge.get("name", "openai") if isinstance(judge, dict) else judge
+        if name != "openai":
+            lines.append(f"{key}: judge {name!r} runs in the trainer's processes, not behind a server: not probed")
+            continue
+        try:
+            probe(judge)
+        except Exception as exc:  # noqa: BLE001 - JudgeUnavailable, or a judge the options cannot build
+            raise ConfigError(f"{key}: {exc}") from None
+        lines.append(f"{key}: judge at {judge.get('base_url') or 'the default OpenAI endpoint'} answered a probe")
+    return "\n".join(lines)
