@@ -257,16 +257,22 @@ def test_shipped_trace_and_prover_configs_use_the_outcome():
 @pytest.mark.parametrize("path", sorted((__import__("pathlib").Path(__file__).resolve().parents[1] / "configs")
                                         .glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_passes_train_check(path, capsys):
-    """Valid, and ready to run where its model is: ``--check`` also resolves the model and
-    builds the environment, so a config whose model is a directory this machine lacks (a GPU
-    machine's ``models/policy``, a policy the config's header says how to build) fails here
-    on that key alone."""
+    """Valid, and ready to run where its model and judge are: ``--check`` also resolves the
+    model, builds the environment and probes each judge server, so a config whose model is a
+    directory this machine lacks (a GPU machine's ``models/policy``, a policy the config's
+    header says how to build) fails here on that key alone, and one whose judge server is not
+    running here on the judge's key, naming the server."""
+    import re
+
     from draco_gym.algos.config import load_config
     from draco_gym.cli import main
 
     code = main(["train", str(path), "--check"])
     printed = capsys.readouterr()
-    if code:
+    probe = re.match(r"error: (reward|credit)\.options[^:]*\.judge: judge at (\S+) did not answer a probe", printed.err)
+    if code and probe:
+        assert code == 2 and probe.group(2) in path.read_text(), printed.err
+    elif code:
         model = load_config(path).policy.model
         assert code == 2 and printed.err.startswith("error: policy.model: ") and model in printed.err, printed.err
         assert not __import__("pathlib").Path(model).exists(), printed.err

@@ -116,7 +116,7 @@ def test_sft_says_a_policy_that_writes_no_code_is_too_weak(tmp_path, capsys):
         "name": "corridor", "output_dir": str(tmp_path / "run"),
         "env": {"id": "draco_gym/Corridor-v0", "config": ENV_CONFIG, "task_ids": ["corridor-1", "corridor-2"]},
         "policy": {"model": str(policy), "lora": {"r": 4, "alpha": 8}},
-        "rollout": {"max_new_tokens": 12, "max_response_tokens": 100},
+        "rollout": {"max_new_tokens": 17, "max_response_tokens": 100},  # the longest reference turn
         "warm_start": {"check_tasks": 2},
         "eval": {"task_ids": ["corridor-3", "corridor-4"]},
     }))
@@ -141,3 +141,44 @@ def test_sft_refuses_an_env_without_references(tmp_path, capsys):
     config.write_text(json.dumps({"env": {"id": "draco_gym/Corridor-v0"}, "policy": {"model": str(tmp_path)}}))
     assert main(["sft", str(config), "--epochs", "0"]) == 2
     assert "--epochs" in capsys.readouterr().err
+
+
+def test_sft_and_check_refuse_a_turn_budget_shorter_than_a_reference_turn(tmp_path, capsys):
+    """A reference turn longer than rollout.max_new_tokens would be cut when the policy
+    samples it: sft refuses to teach it and train --check of a warm-starting config fails,
+    naming the key, the task and the size in the policy's own tokens."""
+    from transformers import AutoTokenizer
+
+    from draco_gym.algos.policy.chat import ChatFormat
+    from draco_gym.algos.policy.models import build_tiny_llama
+    from draco_gym.bench.learning_setting import ENV_CONFIG
+    from draco_gym.envs.corridor import CorridorEnv
+
+    policy = build_tiny_llama(tmp_path / "noise")
+    chat = ChatFormat.from_tokenizer(AutoTokenizer.from_pretrained(policy))
+    env = CorridorEnv(**ENV_CONFIG)
+    sizes = {(task, k): len(chat.encode(m)) + 1 for task in env.task_ids
+             for k, m in enumerate(env.reference_messages(task), start=1)}
+    longest = max(sizes.values())
+    (task, k), = [(t, k) for (t, k), n in sizes.items() if n == longest][:1]
+    config = tmp_path / "corridor.yaml"
+
+    def write(max_new_tokens):
+        config.write_text(json.dumps({
+            "name": "corridor", "output_dir": str(tmp_path / "run"),
+            "env": {"id": "draco_gym/Corridor-v0", "config": ENV_CONFIG},
+            "policy": {"model": str(policy), "lora": {"r": 4, "alpha": 8}},
+            "rollout": {"max_new_tokens": max_new_tokens, "max_response_tokens": 100},
+            "warm_start": {"epochs": 1, "check_tasks": 0}}))
+
+    write(longest - 1)
+    expected = (f"rollout.max_new_tokens is {longest - 1}, but message {k} of {task!r}'s reference solution is "
+                f"{longest} tokens in the policy's tokenizer")
+    assert main(["sft", str(config)]) == 2
+    assert expected in capsys.readouterr().err
+    assert not (tmp_path / "run" / "warm_start").exists()
+    assert main(["train", str(config), "--check"]) == 2
+    assert f"error: {expected}" in capsys.readouterr().err
+    write(longest)
+    assert main(["train", str(config), "--check"]) == 0
+    assert f"is {longest} tokens, within rollout.max_new_tokens {longest}" in capsys.readouterr().out

@@ -100,12 +100,7 @@ def warm_start_from_config(config, settings=None, *, out: str | Path | None = No
     out = Path(out or Path(config.output_dir) / "warm_start")
     env = make_env(config.env.id, config.env.config, config.env.modules)
     try:
-        grpo_tasks = list(config.env.task_ids or getattr(env.unwrapped, "task_ids", None) or [])
-        task_ids = list(settings.task_ids or grpo_tasks)
-        if max_tasks:
-            task_ids = task_ids[:max_tasks]
-        if not task_ids:
-            raise ValueError(f"{config.env.id} lists no tasks; give warm_start.task_ids or env.task_ids")
+        grpo_tasks, task_ids = warm_start_tasks(config, env, settings, max_tasks)
         key = {"model": str(model), "env": config.env.id, "env_config": config.env.config, "tasks": task_ids,
                "epochs": settings.epochs, "lr": settings.lr, "batch_size": settings.batch_size,
                "lora": config.policy.lora.model_dump(), "dtype": config.policy.dtype, "seed": config.seed}
@@ -117,6 +112,7 @@ def warm_start_from_config(config, settings=None, *, out: str | Path | None = No
                 print(check_summary(check), flush=True)
             return out
         chat = ChatFormat.from_tokenizer(AutoTokenizer.from_pretrained(model))
+        check_turn_budget(config, env, chat, task_ids)
         examples, missing = demonstrations(env, chat, task_ids, max_prompt_tokens=config.rollout.max_prompt_tokens)
     finally:
         env.close()
@@ -141,6 +137,68 @@ def warm_start_from_config(config, settings=None, *, out: str | Path | None = No
                                            settings.check_train_episodes)
     (out / "warm_start.json").write_text(json.dumps(report, indent=1))
     return out
+
+
+def warm_start_tasks(config, env, settings, max_tasks: int | None = None) -> tuple[list[str], list[str]]:
+    """GRPO's train tasks (``env.task_ids``, else every task the env lists) and the warm
+    start's (``warm_start.task_ids``, else GRPO's; the first ``max_tasks``)."""
+    grpo_tasks = list(config.env.task_ids or getattr(env.unwrapped, "task_ids", None) or [])
+    task_ids = list(settings.task_ids or grpo_tasks)[: max_tasks or None]
+    if not task_ids:
+        raise ValueError(f"{config.env.id} lists no tasks; give warm_start.task_ids or env.task_ids")
+    return grpo_tasks, task_ids
+
+
+def longest_reference_turn(env, chat, task_ids) -> tuple[int, str, int] | None:
+    """The longest assistant turn of the tasks' reference solutions in the policy's tokens,
+    its end-of-turn token included (what one sampled turn must hold to write it), as
+    (tokens, task id, message number from 1); None when no task has a reference."""
+    reference = getattr(env.unwrapped, "reference_messages", None)
+    longest = None
+    for task_id in task_ids if reference is not None else []:
+        for k, message in enumerate(reference(task_id) or [], start=1):
+            tokens = len(chat.encode(message)) + 1
+            if longest is None or tokens > longest[0]:
+                longest = (tokens, task_id, k)
+    return longest
+
+
+def check_turn_budget(config, env, chat, task_ids) -> None:
+    """A warm start teaches turns the policy then has to write within ``rollout.max_new_tokens``
+    tokens a turn: a longer reference turn is cut mid-block when sampled (a malformed reply,
+    never the demonstrated one). Raises ``ConfigError`` naming the key, the task and the size."""
+    from draco_gym.algos.config import ConfigError
+
+    longest = longest_reference_turn(env, chat, task_ids)
+    budget = config.rollout.max_new_tokens
+    if longest is not None and longest[0] > budget:
+        tokens, task_id, k = longest
+        raise ConfigError(f"rollout.max_new_tokens is {budget}, but message {k} of {task_id!r}'s reference solution is "
+                         f"{tokens} tokens in the policy's tokenizer (its end-of-turn token included): a sampled turn "
+                         f"would be cut before it ends; raise rollout.max_new_tokens to at least {tokens}")
+
+
+def check_reference_turns(config) -> str:
+    """``check_turn_budget`` for ``train --check`` of a config with a warm start: the env built
+    and the policy's tokenizer read here. Returns what was checked."""
+    from transformers import AutoTokenizer
+
+    from draco_gym.algos.policy.chat import ChatFormat
+    from draco_gym.algos.policy.models import resolve_model
+    from draco_gym.algos.rllib.env_runner import make_env
+
+    chat = ChatFormat.from_tokenizer(AutoTokenizer.from_pretrained(resolve_model(config.policy.model)))
+    env = make_env(config.env.id, config.env.config, config.env.modules)
+    try:
+        task_ids = warm_start_tasks(config, env, config.warm_start)[1]
+        check_turn_budget(config, env, chat, task_ids)
+        longest = longest_reference_turn(env, chat, task_ids)
+    finally:
+        env.close()
+    if longest is None:
+        return "warm start: no task has a reference solution"
+    return (f"warm start: the longest reference turn ({longest[1]!r}, message {longest[2]}) is {longest[0]} tokens, "
+            f"within rollout.max_new_tokens {config.rollout.max_new_tokens}")
 
 
 def progress(row: dict, seconds: float) -> str:

@@ -55,6 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from draco_gym.algos.checkpoints import CheckpointError, resume_point
     from draco_gym.algos.cli.prepare import prepare, probe_judge
+    from draco_gym.algos.cli.sft import check_reference_turns
     from draco_gym.algos.config import ConfigError, load_config
     from draco_gym.algos.run_folder import previous_run
 
@@ -90,8 +91,12 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         try:
             check_task_ids(config)
+            if config.warm_start.epochs:
+                print(check_reference_turns(config), flush=True)
         except ConfigError as exc:
             return _error(exc)
+        except ValueError as exc:
+            return _error(f"warm_start: {exc}")
         print(f"{config.env.id}: {len(task_ids)} tasks; model {config.policy.model}: config and tokenizer read")
         print(f"{args.config}: ok")
         return 0
