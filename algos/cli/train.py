@@ -88,10 +88,15 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _error(exc)
     if args.check:
+        from draco_gym.algos.cli.reward_check import outcome_blind_warning
+
         try:
             check_task_ids(config)
+            warning = outcome_blind_warning(config)
         except ConfigError as exc:
             return _error(exc)
+        if warning:
+            print(warning, flush=True)
         print(f"{config.env.id}: {len(task_ids)} tasks; model {config.policy.model}: config and tokenizer read")
         print(f"{args.config}: ok")
         return 0
