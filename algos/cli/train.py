@@ -89,14 +89,19 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _error(exc)
     if args.check:
+        from draco_gym.algos.cli.reward_check import outcome_blind_warning
+
         try:
             check_task_ids(config)
             if config.warm_start.epochs:
                 print(check_reference_turns(config), flush=True)
+            warning = outcome_blind_warning(config)
         except ConfigError as exc:
             return _error(exc)
         except ValueError as exc:
             return _error(f"warm_start: {exc}")
+        if warning:
+            print(warning, flush=True)
         print(f"{config.env.id}: {len(task_ids)} tasks; model {config.policy.model}: config and tokenizer read")
         print(f"{args.config}: ok")
         return 0

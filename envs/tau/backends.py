@@ -42,6 +42,21 @@ ENDED_WELL = (Termination.USER_STOP, Termination.AGENT_STOP, Termination.SUBMITT
 
 SUCCESS_TOLERANCE = 1e-6
 
+NOOP_PASSING: dict[tuple[str, str], tuple[str, ...]] = {
+    ("tau2", "mock"): ("create_task_1_nl_eval",),
+    ("tau2", "airline"): ("0", "1", "4", "5", "6", "10", "13", "26", "28", "31", "34", "36", "41", "43", "45", "46",
+                          "47", "48", "49"),
+    ("tau2", "retail"): ("10", "12", "25", "50", "57", "65", "105"),
+}
+"""The tasks an episode doing nothing passes, by (backend, task set), as ``bench/noop_audit.py``
+finds them (an immediate ``###STOP###``, or a greeting the customer ends, earns reward 1). On
+mock's ``create_task_1_nl_eval`` the reward basis is DB + COMMUNICATE and its only criteria
+are natural-language assertions, which the official evaluation type (ALL) does not grade, so
+the unchanged database passes; on airline and retail the tasks whose right behaviour is to
+change nothing (a request the policy refuses) and say nothing in particular. Training or
+evaluating on them pays for nothing, so they are out of the default task set
+(``Backend.task_ids``) unless ``keep_noop_tasks``; named explicitly they still run."""
+
 
 class BackendError(RuntimeError):
     """The benchmark package is missing, is the wrong package, or rejected a request."""
@@ -83,9 +98,19 @@ class Backend(ABC):
 
     name: str
     domain: str
+    task_set: str
+    keep_noop_tasks: bool = False
 
     @abstractmethod
-    def task_ids(self) -> list[str]: ...
+    def all_task_ids(self) -> list[str]:
+        """Every task of the task set, as the benchmark ships it."""
+
+    def task_ids(self) -> list[str]:
+        """The default task set (what a trainer, ``draco-gym eval`` and a seeded reset draw
+        from): every task but those a no-op passes (``NOOP_PASSING``), unless ``keep_noop_tasks``
+        (the official task set, for a figure comparable with the leaderboard's)."""
+        excluded = () if self.keep_noop_tasks else NOOP_PASSING.get((self.name, self.task_set), ())
+        return [t for t in self.all_task_ids() if t not in excluded]
 
     @abstractmethod
     def start(self, task_id: str) -> TaskSpec:
@@ -103,7 +128,7 @@ class Backend(ABC):
         """The benchmark's own grade of the logged episode; keys ``reward`` and ``success``."""
 
     def check_task(self, task_id: Any) -> str:
-        known = self.task_ids()
+        known = self.all_task_ids()
         task_id = str(task_id)
         if task_id not in known:
             preview = ", ".join(known[:8]) + (", ..." if len(known) > 8 else "")
@@ -173,6 +198,7 @@ class Tau2Backend(Backend):
     ``retrieval_kwargs``) configure banking_knowledge's knowledge retrieval exactly as the
     official runner's ``--retrieval-config`` does; ``env_kwargs`` passes anything else to the
     domain's environment constructor (and to the evaluator's, as the runner does).
+    ``keep_noop_tasks`` keeps the tasks a no-op passes (``NOOP_PASSING``) in ``task_ids``.
     """
 
     name = "tau2"
@@ -186,8 +212,10 @@ class Tau2Backend(Backend):
         retrieval_variant: str | None = None,
         retrieval_kwargs: dict[str, Any] | None = None,
         env_kwargs: dict[str, Any] | None = None,
+        keep_noop_tasks: bool = False,
         quiet: bool = True,
     ) -> None:
+        self.keep_noop_tasks = bool(keep_noop_tasks)
         self._tau2 = load_tau2(quiet=quiet)
         registry = self._tau2.registry
         domains = registry.get_domains()
@@ -200,7 +228,7 @@ class Tau2Backend(Backend):
             raise ValueError(f"unknown τ² domain {domain!r}; this tau2 has {sorted(domains)}.{hint}")
         self.domain = domain
         self._constructor = registry.get_env_constructor(domain)
-        task_set = task_set or domain
+        self.task_set = task_set = task_set or domain
         try:
             tasks = registry.get_tasks_loader(task_set)(task_split_name=task_split)
         except KeyError:
@@ -226,7 +254,7 @@ class Tau2Backend(Backend):
         self._calls = 0
         self._started_at = ""
 
-    def task_ids(self) -> list[str]:
+    def all_task_ids(self) -> list[str]:
         return list(self._tasks)
 
     def _runner_env_kwargs(self, task: Any) -> dict[str, Any]:
@@ -417,13 +445,17 @@ class _InjectedUser:
 
 
 class TauV1Backend(Backend):
-    """The original τ-bench's retail and airline environments (task ids are indices)."""
+    """The original τ-bench's retail and airline environments (task ids are indices);
+    ``keep_noop_tasks`` as for ``Tau2Backend`` (no task of τ v1 has been audited yet)."""
 
     name = "tau_bench"
 
-    def __init__(self, domain: str = "retail", *, task_split: str = "test", user_provider: str | None = None) -> None:
+    def __init__(self, domain: str = "retail", *, task_split: str = "test", user_provider: str | None = None,
+                 keep_noop_tasks: bool = False) -> None:
+        self.keep_noop_tasks = bool(keep_noop_tasks)
         self._tb = load_tau_bench()
         self.domain = domain
+        self.task_set = f"{domain}/{task_split}"
         kwargs: dict[str, Any] = {
             "env_name": domain,
             "user_strategy": "human",  # its constructor does no I/O; replaced below
@@ -439,7 +471,7 @@ class TauV1Backend(Backend):
             raise ValueError(f"τ-bench v1 rejected domain {domain!r} / split {task_split!r}: {exc}") from None
         self._env.user = _InjectedUser()
 
-    def task_ids(self) -> list[str]:
+    def all_task_ids(self) -> list[str]:
         return [str(i) for i in range(len(self._env.tasks))]
 
     def start(self, task_id: str) -> TaskSpec:

