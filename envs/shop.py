@@ -203,10 +203,10 @@ def order_item_tasks() -> list[dict]:
                     **_operators(f"find_customer(name={customer['name']!r})",
                                  f"list_orders(customer_id={customer['id']!r})",
                                  f"get_product(product_id={item['product_id']!r})"),
-                    "reference": [f"customer = find_customer(\"{customer['name']}\")\nprint(customer)",
-                                  f"order = list_orders(customer[\"id\"])[\"items\"][{k}]\nprint(order)",
+                    "reference": [f"customer = find_customer(\"{customer['name']}\")\nprint(customer[\"id\"])",
+                                  f"order = list_orders(customer[\"id\"])[\"items\"][{k}]\nprint(order[\"items\"][0])",
                                   "item = order[\"items\"][0]\nproduct = get_product(item[\"product_id\"])\n"
-                                  "print(product)",
+                                  "print(product[\"price\"])",
                                   "submit(round(product[\"price\"] * item[\"quantity\"], 2))"],
                 },
             })
