@@ -370,7 +370,7 @@ class SandboxedInterpreter:
                 block.tool_calls.append({"name": "submit", "ok": True})
             else:
                 block.tool_calls.append({"name": report["call"], "ok": report["ok"],
-                                         **({"error": report["error"]} if "error" in report else {})})
+                                         **{k: report[k] for k in ("error", "arguments") if k in report}})
             deadline = time.monotonic()
 
     def _death(self) -> str:
@@ -531,7 +531,9 @@ class PythonToolsEnv(CodeStepEnv):
     ## Tool calls
     ``info["tool_calls"]`` (``draco_gym.types.TOOL_CALLS``) of a step that ran code lists
     its calls in order as the environment served them, ``{"name", "ok"}`` plus ``"error"``
-    (the exception's type) when the tool raised; ``submit`` included.
+    (the exception's type) when the tool raised and ``"arguments"`` (by parameter name,
+    defaults filled in, as the tool received them) when they bound to its signature;
+    ``submit`` included.
 
     ## Rewards
     Always 0: rewards come from the rubric layer. ``info["metrics"]`` at the end holds

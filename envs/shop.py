@@ -110,7 +110,8 @@ def _order_total(order: dict) -> float:
 
 def _operators(*reads: str) -> dict:
     """The task's operator library for the rule rubric: the lookups its answer needs
-    (evidence) and ``submit`` (execution)."""
+    (evidence; a tool name, or a call with the arguments that find the task's own
+    record, ``get_product(product_id='P109')``) and ``submit`` (execution)."""
     return {"operators": {"evidence": list(reads), "execution": ["submit"]}}
 
 
@@ -160,10 +161,67 @@ def purchase_tasks() -> list[dict]:
             "answer": round(product["price"] * quantity, 2),
             "instruction": f"How much do {quantity} units of product {product['id']} cost? "
                            "Submit the number rounded to 2 decimals.",
-            "metadata": {"reference": [f"product = get_product(\"{product['id']}\")\n"
+            "metadata": {**_operators(f"get_product(product_id={product['id']!r})"),
+                         "reference": [f"product = get_product(\"{product['id']}\")\n"
                                        f"submit(round(product[\"price\"] * {quantity}, 2))"]},
         })
     return out
+
+
+ORDINALS = ("first", "second", "third", "fourth", "fifth")
+
+
+def order_item_tasks() -> list[dict]:
+    """The shop's multi-step tier: 40 tasks of four dependent lookups, "what does the first
+    item of the k-th order that customer C placed cost in all?". Solving one means finding
+    the customer by name, listing their orders with the id that returned, taking the k-th,
+    looking up its first item's product with the id in it, then computing price times
+    quantity and submitting it: each call needs what the one before returned.
+
+    Five tasks per customer (the first five orders ``list_orders`` gives, page 1), ids
+    ``order-item-1`` .. ``order-item-40`` (customer by customer); ``order_item_split`` holds
+    out every second customer. The reference solution is four turns, one lookup each and the
+    submission last, so a rubric can cite the step a rollout went wrong at; each task
+    declares the calls it needs with their arguments (``metadata["operators"]``) for the
+    rule rubric."""
+    world = _world()
+    out = []
+    for customer in world["customers"]:
+        orders = [o for o in world["orders"] if o["customer_id"] == customer["id"]][:PAGE_SIZE]
+        for k, order in enumerate(orders):
+            item = order["items"][0]
+            price = next(p["price"] for p in world["products"] if p["id"] == item["product_id"])
+            out.append({
+                "id": f"order-item-{len(out) + 1}",
+                "answer": round(price * item["quantity"], 2),
+                "instruction": f"{customer['name']} has placed orders with the shop. Take the {ORDINALS[k]} order "
+                               "that list_orders gives for them and the first item in it: what does that item "
+                               "cost in all (the product's price times the quantity)? Submit the number rounded "
+                               "to 2 decimals.",
+                "metadata": {
+                    "customer_id": customer["id"], "order_id": order["id"],
+                    **_operators(f"find_customer(name={customer['name']!r})",
+                                 f"list_orders(customer_id={customer['id']!r})",
+                                 f"get_product(product_id={item['product_id']!r})"),
+                    "reference": [f"customer = find_customer(\"{customer['name']}\")\nprint(customer[\"id\"])",
+                                  f"order = list_orders(customer[\"id\"])[\"items\"][{k}]\nprint(order[\"items\"][0])",
+                                  "item = order[\"items\"][0]\nproduct = get_product(item[\"product_id\"])\n"
+                                  "print(product[\"price\"])",
+                                  "submit(round(product[\"price\"] * item[\"quantity\"], 2))"],
+                },
+            })
+    return out
+
+
+def order_item_split() -> dict[str, list[str]]:
+    """``order_item_tasks``' ids by split: every second customer's five tasks are held out
+    (``test``), so the splits share no customer and no order (the products in the orders are
+    the one catalogue's and recur across customers)."""
+    tasks = order_item_tasks()
+    customers = list(dict.fromkeys(t["metadata"]["customer_id"] for t in tasks))
+    held_out = set(customers[1::2])
+    return {"train": [t["id"] for t in tasks if t["metadata"]["customer_id"] not in held_out],
+            "test": [t["id"] for t in tasks if t["metadata"]["customer_id"] in held_out]}
 
 
 def purchase_split() -> dict[str, list[str]]:

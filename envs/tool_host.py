@@ -28,7 +28,8 @@ name, "args": "((positional,), {keyword: ...})"}`` (``submit``'s args: the answe
 literal), one reply
 per line, ``{"value": packed, "printed": text}`` or ``{"raised": {...}, "printed": text}``;
 and reports each request to the environment, on a pipe the interpreter never holds:
-``{"call": name, "ok": bool[, "error": type]}``, ``{"submit": literal}``, or
+``{"call": name, "ok": bool[, "error": type][, "arguments": {parameter: value}]}``,
+``{"submit": literal}``, or
 ``{"violation": why}`` for a request no stub writes, after which the copy stops (the
 environment ends the episode).
 """
@@ -40,6 +41,7 @@ import base64
 import builtins
 import contextlib
 import importlib
+import inspect
 import io
 import json
 import marshal
@@ -172,6 +174,30 @@ def parse_call(form: str, text: str) -> tuple[tuple, dict]:
     return args, kwargs
 
 
+ARGUMENT_CHARS = 200
+"""Longest text of one recorded argument value; longer ones are cut (the call still got all of it)."""
+
+
+def bound_arguments(tool, positional: tuple, keywords: dict) -> dict | None:
+    """The call's arguments by parameter name, defaults filled in, as the tool received them
+    (``get_product("P101")`` and ``get_product(product_id="P101")`` record the same), for
+    rules that check a call's target; None when they do not bind (the call raised
+    TypeError). A value that is not a str, int, float, bool or None is recorded as its
+    repr; text is cut at ``ARGUMENT_CHARS``."""
+    try:
+        bound = inspect.signature(tool).bind(*positional, **keywords)
+    except (TypeError, ValueError):
+        return None
+    bound.apply_defaults()
+    return {key: _plain(value) for key, value in bound.arguments.items()}
+
+
+def _plain(value):
+    if value is None or isinstance(value, (bool, int)) or (isinstance(value, float) and math.isfinite(value)):
+        return value
+    return (value if isinstance(value, str) else repr(value))[:ARGUMENT_CHARS]
+
+
 def load_tools(specs: list[str]) -> dict:
     tools = {}
     for spec in specs:
@@ -227,6 +253,9 @@ class Served:
                 reply = {"raised": describe_exception(exc)}
         reply["printed"] = buffer.getvalue()[:self.printed_limit]
         report = {"call": name, "ok": "value" in reply}
+        arguments = bound_arguments(self.tools[name], positional, keywords)
+        if arguments is not None:
+            report["arguments"] = arguments
         if "raised" in reply:
             report["error"] = reply["raised"]["type"]
         return report, reply

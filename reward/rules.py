@@ -31,6 +31,12 @@ from what the environment declares in ``Task.metadata``:
                            reference solution, real AppWorld's API set). An item "calls X"
                            is hit by a step that made a recorded call of X that returned
                            (a name matches with or without AppWorld's ``apis.`` prefix).
+                           A declaration may name the call's target as keyword arguments of
+                           plain values, ``get_product(product_id='P109')``: then only a
+                           recorded call with those arguments (``"arguments"`` of
+                           ``TOOL_CALLS``, as the tool received them) hits it, and where it
+                           is never hit its FAIL cites the steps that called X with other
+                           arguments (the wrong lookup), not nothing.
     metadata["api_docs"]   True when the environment has API documentation the agent is
                            meant to read (AppWorld's ``apis.api_docs``); only then is
                            "Reads the API documentation" an item (a recorded call of an
@@ -42,6 +48,15 @@ is neither the submission (a call the environment marks ``"submits": True``, or 
 ``submit`` / ``complete_task``: PythonTools' and AppWorld's) nor documentation. Repetition
 is not an item: re-running an action covers nothing new, so TRCA's breakthrough reward (the
 rise in coverage) gives it nothing, and that is where the paper scores it.
+
+**The outcome, where the environment checks it.** Which calls ran cannot tell a right
+answer from a wrong one: a right lookup then a wrong ``submit`` hits every item the reference
+hits. So a group whose rollouts carry the environment's own check (a boolean
+``metrics["success"]``: the shop's exact answer, AppWorld's tests on the end state) gets
+``OUTCOME_CRITERION`` first, "Submits the right answer", PASS or FAIL by that check, cited at
+the step that handed the result in; a wrong solution then always FAILs a criterion the
+reference PASSes, so the rubric never ranks it at or above a correct one. It is a verdict,
+not a transition item: TRCA's rule families never read the outcome.
 
 A criterion's title says what passing means: a positive item PASSes if some step hit it
 (citing those steps) and otherwise FAILs citing no step (an omission: no step did it, so none
@@ -75,6 +90,7 @@ the observation (the environment's output, not the code) marks the block as fail
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -227,15 +243,76 @@ OPERATOR_PREFIX = "calls:"
 """Operator items are named ``calls:<tool>``, e.g. ``calls:apis.venmo.show_transactions``."""
 
 
-def _calls(name: str) -> Rule:
-    """A step hits "calls ``name``" when it made a recorded call of that tool that returned;
-    a submitting tool (``SUBMIT_TOOLS``) is also hit where the environment saw the step
-    submit, for environments that record the submission but not as a tool call."""
-    wanted = tool_name(name)
-    submitting = wanted.rsplit(".", 1)[-1] in SUBMIT_TOOLS
+@dataclass(frozen=True)
+class Operator:
+    """One call a task needs, as declared: a tool name, and optionally the keyword
+    arguments it must be called with (``get_product(product_id='P109')``: the lookup of
+    that product, not of any)."""
+
+    text: str
+    name: str
+    arguments: tuple[tuple[str, object], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str, where: str) -> Operator:
+        if re.fullmatch(r"[A-Za-z_][\w.]*", text):
+            return cls(text, text)
+        try:
+            call = ast.parse(text, mode="eval").body
+            if not isinstance(call, ast.Call) or call.args or not re.fullmatch(r"[A-Za-z_][\w.]*", ast.unparse(call.func)):
+                raise ValueError
+            arguments = tuple((k.arg, ast.literal_eval(k.value)) for k in call.keywords)
+            if any(k is None or not (v is None or isinstance(v, (str, int, float, bool))) for k, v in arguments):
+                raise ValueError
+        except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
+            raise ValueError(f"{where}: {text[:200]!r} is neither a callable name like 'apis.app.api' nor a call with "
+                             "keyword arguments of plain values like \"get_product(product_id='P101')\"") from None
+        return cls(text, ast.unparse(call.func), arguments)
+
+    def called(self, call: dict) -> bool:
+        """The recorded call is of this operator's tool."""
+        return tool_name(call["name"]) == tool_name(self.name)
+
+    def matches(self, call: dict) -> bool:
+        """The recorded call is of this tool, with the declared arguments (text compared
+        case- and space-insensitively), as the environment recorded them (``"arguments"``
+        of ``TOOL_CALLS``: an environment that records none matches no declared argument)."""
+        if not self.called(call):
+            return False
+        recorded = call.get("arguments")
+        if not self.arguments:
+            return True
+        return isinstance(recorded, dict) and all(k in recorded and _same(v, recorded[k]) for k, v in self.arguments)
+
+
+def _same(declared: object, recorded: object) -> bool:
+    if isinstance(declared, str) and isinstance(recorded, str):
+        return " ".join(declared.split()).casefold() == " ".join(recorded.split()).casefold()
+    return type(declared) is type(recorded) and declared == recorded or (
+        isinstance(declared, (int, float)) and isinstance(recorded, (int, float))
+        and not isinstance(declared, bool) and not isinstance(recorded, bool) and declared == recorded)
+
+
+def _calls(operator: Operator) -> Rule:
+    """A step hits "calls X" when it made a recorded call of X (with the declared arguments,
+    if any) that returned; a submitting tool (``SUBMIT_TOOLS``) is also hit where the
+    environment saw the step submit, for environments that record the submission but not
+    as a tool call."""
+    submitting = tool_name(operator.name).rsplit(".", 1)[-1] in SUBMIT_TOOLS and not operator.arguments
 
     def rule(t: Trajectory, j: int) -> bool:
-        return wanted in _returned(t.steps[j]) or (submitting and _submits(t, j))
+        return any(c["ok"] and operator.matches(c) for c in tool_calls(t.steps[j]) or []) or (
+            submitting and _submits(t, j))
+
+    return rule
+
+
+def _calls_elsewhere(operator: Operator) -> Rule:
+    """A step that called the operator's tool with other arguments (or whose call of it
+    raised): where a rollout looked up the wrong thing, the step an unmet "calls
+    X(arguments)" is cited at."""
+    def rule(t: Trajectory, j: int) -> bool:
+        return any(operator.called(c) and not (c["ok"] and operator.matches(c)) for c in tool_calls(t.steps[j]) or [])
 
     return rule
 
@@ -247,6 +324,9 @@ class RuleLibrary:
     families: dict[str, Family]
     titles: dict[str, str]
     rules: dict[str, Rule] = field(repr=False)
+    misses: dict[str, Rule] = field(default_factory=dict, repr=False)
+    """Per positive item that names a target (a call with arguments): the steps that
+    attempted it and missed, which its FAIL cites (otherwise an unmet item is an omission)."""
 
     @property
     def criteria(self) -> list[Criterion]:
@@ -271,7 +351,7 @@ class RuleLibrary:
         ]
 
 
-def _operators(task: Task) -> dict[str, list[str]]:
+def _operators(task: Task) -> dict[str, list[Operator]]:
     declared = task.metadata.get("operators")
     if declared is None:
         return {}
@@ -280,9 +360,9 @@ def _operators(task: Task) -> dict[str, list[str]]:
         raise ValueError(f"{where} must map 'evidence' and/or 'execution' to lists of callable names, got {declared!r}")
     out = {}
     for family, names in declared.items():
-        if isinstance(names, str) or not all(isinstance(n, str) and re.fullmatch(r"[A-Za-z_][\w.]*", n) for n in names):
+        if isinstance(names, str) or not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
             raise ValueError(f"{where}[{family!r}] must be a list of callable names like 'apis.app.api', got {names!r}")
-        out[family] = list(dict.fromkeys(names))
+        out[family] = [Operator.parse(n, f"{where}[{family!r}]") for n in dict.fromkeys(names)]
     return out
 
 
@@ -293,16 +373,19 @@ def rule_library(task: Task) -> RuleLibrary:
     titles = {name: title for name, (title, _) in GENERIC_ITEMS.items()}
     rules = {name: rule for name, (_, rule) in GENERIC_ITEMS.items()}
     for family, generic in GENERIC_FAMILIES.items():
-        items = [OPERATOR_PREFIX + name for name in operators.get(family, [])] or list(generic)
+        items = [OPERATOR_PREFIX + op.text for op in operators.get(family, [])] or list(generic)
         if family == "evidence" and task.metadata.get("api_docs"):
             items.insert(0, "reads_documentation")
         families[family] = Family(SIGNS[family], BUDGET, tuple(items))
-    for family, names in operators.items():
+    misses: dict[str, Rule] = {}
+    for family, ops in operators.items():
         verb = "Gets data from" if family == "evidence" else "Calls"
-        for name in names:
-            titles[OPERATOR_PREFIX + name] = f"{verb} {name}"
-            rules[OPERATOR_PREFIX + name] = _calls(name)
-    return RuleLibrary(families, titles, rules)
+        for op in ops:
+            titles[OPERATOR_PREFIX + op.text] = f"{verb} {op.text}"
+            rules[OPERATOR_PREFIX + op.text] = _calls(op)
+            if op.arguments:
+                misses[OPERATOR_PREFIX + op.text] = _calls_elsewhere(op)
+    return RuleLibrary(families, titles, rules, misses)
 
 
 _GENERIC = rule_library(Task(id="generic", instruction=""))
@@ -340,27 +423,75 @@ def _had_error(trajectory: Trajectory) -> bool:
     return any(_failed(s) for s in trajectory.steps)
 
 
-def rule_verdicts(trajectory: Trajectory, library: RuleLibrary | None = None) -> list[Verdict]:
-    """One verdict per rule item (in the library's criteria order), citing the steps behind it.
+OUTCOME_CRITERION = Criterion(
+    title="Submits the right answer",
+    description="Outcome: the environment's own check of what the rollout handed in (metrics['success']).",
+    evaluator_instruction="Decided by the environment's check of the submitted result (the answer matches the "
+                          "task's; on AppWorld, the task's tests on the end state), never by the code's text.",
+    origin="rule",
+)
+"""The rubric's outcome criterion, where the environment checks the result: a group whose
+trajectories carry a boolean ``metrics["success"]`` gets it first. Without it the other
+items, which read only which calls ran, pay a wrong answer as much as the right one (a
+right lookup then a wrong ``submit``)."""
 
-    A positive item never hit FAILs citing no step: an omission moves R_i, never one step's
-    credit (see the module docstring). "After a failed step, takes one that works" is not
-    applicable when nothing failed.
+
+def checkable(trajectories: Sequence[Trajectory]) -> bool:
+    """The environment checked the result of some rollout: a boolean ``metrics["success"]``."""
+    return any(isinstance(t.metrics.get("success"), bool) for t in trajectories)
+
+
+def _submitting_steps(trajectory: Trajectory) -> list[int]:
+    return [j + 1 for j, s in enumerate(trajectory.steps)
+            if s.info.get("submitted") or any(_submits_call(c) for c in tool_calls(s) or [])]
+
+
+def outcome_verdict(trajectory: Trajectory) -> Verdict:
+    """PASS or FAIL by the environment's check, cited at the steps that handed the result in
+    (the step that decided it); never handed in, a FAIL citing nothing (an omission);
+    not applicable where the environment recorded no check for this rollout."""
+    success = trajectory.metrics.get("success")
+    title = OUTCOME_CRITERION.title
+    if not isinstance(success, bool):
+        return Verdict(criterion=title, score=0, evidence="the environment recorded no success check")
+    steps = _submitting_steps(trajectory)
+    if not steps and success:  # checked without a recorded submission: the last step with code ran last
+        steps = [j + 1 for j, s in enumerate(trajectory.steps) if s.code is not None][-1:]
+    if success:
+        return Verdict(criterion=title, score=1, cited_steps=steps, evidence="the environment's check passed")
+    if steps:
+        return Verdict(criterion=title, score=-1, cited_steps=steps,
+                       evidence=f"handed in at steps {steps}; the environment's check failed")
+    return Verdict(criterion=title, score=-1, evidence="nothing handed in", justification="an omission: no step did it")
+
+
+def rule_verdicts(trajectory: Trajectory, library: RuleLibrary | None = None, *, outcome: bool = False) -> list[Verdict]:
+    """One verdict per rule item (in the library's criteria order), citing the steps behind
+    it; first, with ``outcome``, the verdict on ``OUTCOME_CRITERION``.
+
+    A positive item never hit FAILs citing no step (an omission moves R_i, never one step's
+    credit, see the module docstring), unless it names a target and some step attempted it
+    and missed (a lookup of the wrong product): then it FAILs citing those steps. "After a
+    failed step, takes one that works" is not applicable when nothing failed.
     """
     library = library or rule_library(trajectory.task)
     hits = library.transition_items(trajectory)
     n = len(trajectory.steps)
     with_code = [j + 1 for j in range(n) if trajectory.steps[j].code is not None] or list(range(1, n + 1))
-    verdicts = []
+    verdicts = [outcome_verdict(trajectory)] if outcome else []
     for family, spec in library.families.items():
         for item in spec.items:
             steps = [j + 1 for j, h in enumerate(hits) if item in h[family]]
             title = library.titles[item]
             if spec.sign > 0:
+                missed = [j + 1 for j in range(n) if item in library.misses and library.misses[item](trajectory, j)]
                 if steps:
                     verdicts.append(Verdict(criterion=title, score=1, cited_steps=steps, evidence=f"hit at steps {steps}"))
                 elif item == "recovers_from_error" and not _had_error(trajectory):
                     verdicts.append(Verdict(criterion=title, score=0, evidence="no step failed"))
+                elif missed:
+                    verdicts.append(Verdict(criterion=title, score=-1, cited_steps=missed,
+                                            evidence=f"attempted with other arguments, or raised, at steps {missed}"))
                 else:
                     verdicts.append(Verdict(criterion=title, score=-1, evidence="never hit",
                                             justification="an omission: no step did it"))
@@ -387,5 +518,7 @@ class RuleRubricReward(RubricReward):
     def score_group(self, task: Task, trajectories: Sequence[Trajectory]) -> GroupScore:
         trajectories = check_group(task, trajectories)
         library = rule_library(trajectories[0].task if trajectories else task)
-        verdicts = [rule_verdicts(t, library) for t in trajectories]
-        return finalize_group(library.criteria, verdicts, dropout=self.dropout)
+        outcome = checkable(trajectories)
+        verdicts = [rule_verdicts(t, library, outcome=outcome) for t in trajectories]
+        criteria = [OUTCOME_CRITERION, *library.criteria] if outcome else library.criteria
+        return finalize_group(criteria, verdicts, dropout=self.dropout)

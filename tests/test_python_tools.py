@@ -311,14 +311,25 @@ def test_every_tool_call_is_recorded_by_the_parent_in_order(shop_env):
     from draco_gym.types import TOOL_CALLS
 
     shop_env.reset(options={"task_id": "sum"})
-    info = shop_env.step(code("# stock('comment') calls nothing\nstock('ball')\ntry:\n    stock('kite')\n"
+    info = shop_env.step(code("# stock('comment') calls nothing\nstock('ball')\ntry:\n    stock(item='kite')\n"
                               "except LookupError:\n    pass\nsubmit(add(2, 3))"))[4]
-    assert info[TOOL_CALLS] == [{"name": "stock", "ok": True}, {"name": "stock", "ok": False, "error": "OutOfStock"},
-                                {"name": "add", "ok": True}, {"name": "submit", "ok": True}]
+    # with the arguments as the tool received them, by parameter name, defaults filled in
+    # (positional or keyword alike): what the rule rubric checks a lookup's target by
+    assert info[TOOL_CALLS] == [{"name": "stock", "ok": True, "arguments": {"item": "ball", "warehouse": "main"}},
+                                {"name": "stock", "ok": False, "error": "OutOfStock",
+                                 "arguments": {"item": "kite", "warehouse": "main"}},
+                                {"name": "add", "ok": True, "arguments": {"a": 2, "b": 3}}, {"name": "submit", "ok": True}]
+    # arguments that do not bind are not recorded (the call raised TypeError); text is cut,
+    # what is not plain text or a number is recorded as its repr
+    info = shop_env.step(code("try:\n    add(1)\nexcept TypeError:\n    pass\nstock('x' * 500)\n"
+                              "add([1], float('inf'))"))[4]
+    assert info[TOOL_CALLS][0] == {"name": "add", "ok": False, "error": "TypeError"}
+    assert info[TOOL_CALLS][1]["arguments"] == {"item": "x" * 200, "warehouse": "main"}
+    assert info[TOOL_CALLS][2]["arguments"] == {"a": "[1]", "b": "inf"}
     assert shop_env.step(code("print('no tools')"))[4][TOOL_CALLS] == []
     _, _, terminated, _, info = shop_env.step("Done.")
     assert terminated and info["metrics"]["success"] is True
-    assert [s.info.get(TOOL_CALLS) for s in info["trajectory"].steps][1:] == [[], None]
+    assert [s.info.get(TOOL_CALLS) for s in info["trajectory"].steps][2:] == [[], None]
 
 
 def test_tool_state_is_fresh_per_interpreter_and_replayed_after_a_restart(shop_env):
@@ -340,8 +351,8 @@ def test_a_lost_blocks_submission_is_not_kept_and_its_calls_are_recorded():
         e.reset(options={"task_id": "sum"})
         e.step(code("submit(4)"))
         obs, _, _, _, info = e.step(code("submit(add(2, 3))\nwhile True:\n    pass"))
-        assert info["exec_error"] == "TimeoutError" and info[TOOL_CALLS] == [{"name": "add", "ok": True},
-                                                                              {"name": "submit", "ok": True}]
+        assert info["exec_error"] == "TimeoutError" and info[TOOL_CALLS] == [
+            {"name": "add", "ok": True, "arguments": {"a": 2, "b": 3}}, {"name": "submit", "ok": True}]
         _, _, _, _, info = e.step("Done.")
         assert info["metrics"]["answer"] == 4 and info["metrics"]["success"] is False  # the replayed submit(4)
     finally:

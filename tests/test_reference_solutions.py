@@ -9,7 +9,7 @@ from draco_gym.envs.appworld.env import AppWorldEnv
 from draco_gym.envs.appworld.runtime import AppWorldRuntime, print_progress
 from draco_gym.envs.appworld.suite import ensure_offline_suite, ground_truth
 from draco_gym.envs.python_tools import PythonToolsEnv
-from draco_gym.envs.shop import purchase_split, purchase_tasks
+from draco_gym.envs.shop import order_item_split, order_item_tasks, purchase_split, purchase_tasks
 
 
 def play(env, task_id: str, messages: list[str]) -> dict:
@@ -58,6 +58,36 @@ def test_shop_purchase_tier_references_solve_their_tasks():
     assert sorted(split["train"] + split["test"]) == sorted(results) and not set(split["train"]) & set(split["test"])
     held_out_answers = {t["answer"] for t in purchase_tasks() if t["id"] in split["test"]}
     assert not held_out_answers & {t["answer"] for t in purchase_tasks() if t["id"] in split["train"]}
+
+
+def test_shop_order_item_tier_references_solve_their_tasks_in_four_dependent_turns():
+    """The quickstart's tasks: every reference solves its task in four turns, each but the
+    last one lookup fed by what the one before returned, and the split shares no customer
+    and no order."""
+    env = PythonToolsEnv(tools=["draco_gym.envs.shop:find_customer", "draco_gym.envs.shop:list_orders",
+                                "draco_gym.envs.shop:get_product"], tasks="draco_gym.envs.shop:order_item_tasks",
+                         end_rule="task_completed", max_turns=5)
+    calls = {}
+    try:
+        for t in env.task_ids:
+            messages = env.reference_messages(t)
+            assert len(messages) == 4, t
+            assert play(env, t, messages)["success"], t
+            calls[t] = [[c["name"] for c in s.info["tool_calls"]] for s in env.trajectory().steps]
+    finally:
+        env.close()
+    assert len(calls) == 40 and all(c == [["find_customer"], ["list_orders"], ["get_product"], ["submit"]]
+                                    for c in calls.values())
+    tasks = {t["id"]: t for t in order_item_tasks()}
+    split = order_item_split()
+    assert sorted(split["train"] + split["test"]) == sorted(tasks) and len(split["test"]) == 20
+    for key in ("customer_id", "order_id"):
+        assert not {tasks[t]["metadata"][key] for t in split["train"]} & {tasks[t]["metadata"][key] for t in split["test"]}
+    # a wrong ordinal gives another answer: the k-th order must be the one looked up
+    by_customer = {}
+    for t in tasks.values():
+        by_customer.setdefault(t["metadata"]["customer_id"], []).append(t["answer"])
+    assert all(len(set(a)) == len(a) for a in by_customer.values())
 
 
 def test_tasks_given_by_name_must_be_importable():

@@ -231,20 +231,106 @@ def test_reference_outranks_comment_and_print_attempts(submit_recorded):
     without printing; the other two submit 0, one after a comment naming the tool, one after
     print('hi'). Under source-text matching and output items the rubric gave [-1, -1, +1]."""
     submit = [call("submit")] if submit_recorded else []
-    reference = one_block(PURCHASE_1["metadata"]["reference"][0], "", [call("get_product")] + submit)
+    lookup = call("get_product", arguments={"product_id": "P101"})
+    reference = one_block(PURCHASE_1["metadata"]["reference"][0], "", [lookup] + submit)
     comment = one_block("# get_product('P101')\nsubmit(0)", "", list(submit))
     printer = one_block("print('hi')\nsubmit(0)", "hi", list(submit))
     group = RuleRubricReward().score_group(PURCHASE, [reference, comment, printer])
     # every other item is passed by all three (or not applicable) and dropped
-    assert [c.title for c in group.criteria] == ["Gets a result from a tool"]
+    assert [c.title for c in group.criteria] == ["Gets data from get_product(product_id='P101')"]
     assert group.rewards == [1.0, -1.0, -1.0]
-    # with a no-op beside them (a block that does nothing, twice, no submission), "Submits
-    # the task" survives dropout too: reference P P -> 1; comment, print F P -> 0; no-op F F -> -1
+    # with a no-op beside them (a block that does nothing, twice, no submission), "Calls
+    # submit" survives dropout too: reference P P -> 1; comment, print F P -> 0; no-op F F -> -1
     noop = Trajectory(task=PURCHASE, termination="max_turns",
                       steps=[step(k, "```python\npass\n```", "pass", "", calls=[]) for k in (1, 2)])
     group = RuleRubricReward().score_group(PURCHASE, [reference, comment, printer, noop])
-    assert [c.title for c in group.criteria] == ["Gets a result from a tool", "Submits the task"]
+    assert [c.title for c in group.criteria] == ["Gets data from get_product(product_id='P101')", "Calls submit"]
     assert group.rewards == [1.0, 0.0, 0.0, -1.0]
+
+
+# -- a checkable result: the rubric never pays a wrong answer as much as the right one ---------
+
+def submitted(code, calls, *, success):
+    """A one-block purchase-1 rollout that submitted, as the env records it, with its check."""
+    return one_block(code, "", calls + [call("submit")]).model_copy(
+        update={"metrics": {"submitted": True, "success": success}})
+
+
+LOOKUP = call("get_product", arguments={"product_id": "P101"})
+
+
+def test_wrong_answers_rank_below_the_reference_under_the_rule_rubric_alone():
+    """The red team's four near-misses on purchase-1 (issue 36): the right call then a wrong
+    submission, a wrong id then submit(0), list_products() then submit(0), every product
+    then submit(0). Before the outcome criterion and the argument-checked lookup, each got
+    rule reward 1.0, equal to the reference."""
+    reference = submitted(PURCHASE_1["metadata"]["reference"][0], [LOOKUP], success=True)
+    wrong_submit = submitted('p = get_product("P101")\nsubmit(p["price"] * 7)', [LOOKUP], success=False)
+    wrong_id = submitted('get_product("P140")\nsubmit(0)', [call("get_product", arguments={"product_id": "P140"})],
+                         success=False)
+    listing = submitted("list_products()\nsubmit(0)", [call("list_products", arguments={"category": None, "page": 1})],
+                        success=False)
+    every = submitted("...", [call("get_product", arguments={"product_id": f"P{101 + k}"}) for k in range(40)],
+                      success=False)
+    near_misses = [wrong_submit, wrong_id, listing, every]
+    for miss in near_misses:  # each alone beside the reference, and all together
+        group = RuleRubricReward().score_group(PURCHASE, [reference, miss])
+        assert group.rewards[0] == 1.0 and group.rewards[1] < 1.0, (miss.steps[0].code, group.rewards)
+    group = RuleRubricReward().score_group(PURCHASE, [reference, *near_misses])
+    assert group.criteria[0].title == "Submits the right answer"  # the outcome criterion comes first
+    assert group.rewards[0] == 1.0 and max(group.rewards[1:]) < 1.0
+    verdicts = {name: {v.criterion: (v.score, v.cited_steps) for v in s.verdicts}
+                for name, s in zip(["ref", "submit", "id", "list", "every"], group.scores)}
+    assert verdicts["ref"]["Submits the right answer"] == (1, [1])  # cited at the step that handed it in
+    assert verdicts["submit"]["Submits the right answer"] == (-1, [1])
+    # the wrong lookup is cited at the step that made it, not left as an omission
+    assert verdicts["id"]["Gets data from get_product(product_id='P101')"] == (-1, [1])
+    assert verdicts["list"]["Gets data from get_product(product_id='P101')"] == (-1, [])  # never looked a product up
+    # looking up every product includes the right one: the lookup passes, the answer does not
+    assert verdicts["every"]["Gets data from get_product(product_id='P101')"] == (1, [1])
+
+
+def test_outcome_criterion_only_where_the_env_checked_the_result():
+    """No boolean ``metrics["success"]`` in the group: no outcome criterion (the rubric
+    cannot see correctness); a rollout of a checked group without the check: not applicable;
+    one that never handed anything in: an omission."""
+    plain = [one_block("submit(1)", "", [call("submit")]), one_block("pass", "", [], submitted=False)]
+    group = RuleRubricReward(dropout=False).score_group(PURCHASE, plain)
+    assert "Submits the right answer" not in [c.title for c in group.criteria]
+    unchecked = plain[0].model_copy(update={"metrics": {"success": 1.0}})  # not a boolean: no check recorded
+    never = plain[1].model_copy(update={"metrics": {"submitted": False, "success": False}})
+    group = RuleRubricReward(dropout=False).score_group(PURCHASE, [unchecked, never])
+    first = [(s.verdicts[0].criterion, s.verdicts[0].score, s.verdicts[0].cited_steps) for s in group.scores]
+    assert first == [("Submits the right answer", 0, []), ("Submits the right answer", -1, [])]
+
+
+def test_operator_with_arguments_is_hit_only_by_that_call():
+    task = Task(id="t", instruction="x", metadata={"operators": {
+        "evidence": ["find_customer(name='Ada Park')", "list_orders(customer_id='C01')"], "execution": ["submit"]}})
+    library = rule_library(task)
+    assert [c.title for c in library.criteria][:3] == [
+        "Gets data from find_customer(name='Ada Park')", "Gets data from list_orders(customer_id='C01')", "Calls submit"]
+    rollout = Trajectory(task=task, termination="max_turns", steps=[
+        # text compared case- and space-insensitively; extra recorded arguments (page) do not matter
+        step(1, "t", "...", "", calls=[call("find_customer", arguments={"name": " ada  PARK"})]),
+        step(2, "t", "...", "", calls=[call("list_orders", arguments={"customer_id": "C02", "page": 1})]),
+        step(3, "t", "...", "", calls=[call("list_orders", ok=False, arguments={"customer_id": "C01", "page": 9})]),
+        step(4, "t", "...", "", calls=[call("list_orders")]),  # no arguments recorded: matches no declared one
+    ])
+    hits = library.transition_items(rollout)
+    assert [h["evidence"] for h in hits] == [["calls:find_customer(name='Ada Park')"], [], [], []]
+    verdicts = {v.criterion: (v.score, v.cited_steps) for v in rule_verdicts(rollout)}
+    # the steps that called list_orders and missed (other id; raised; arguments unknown) are cited
+    assert verdicts["Gets data from list_orders(customer_id='C01')"] == (-1, [2, 3, 4])
+    assert verdicts["Gets data from find_customer(name='Ada Park')"] == (1, [1])
+
+
+@pytest.mark.parametrize("declared", ["get_product('P101')", "get_product(product_id=pid)", "get_product(**kw)",
+                                      "get_product(product_id=['P101'])", "1 + 1", "get_product(product_id='P101'"])
+def test_an_operator_declaration_that_is_not_a_keyword_call_of_plain_values_is_refused(declared):
+    task = Task(id="t9", instruction="x", metadata={"operators": {"evidence": [declared]}})
+    with pytest.raises(ValueError, match=r"task 't9': metadata\['operators'\]\['evidence'\]: .*neither a callable name"):
+        rule_library(task)
 
 
 def test_no_tool_item_is_read_from_code_text():
