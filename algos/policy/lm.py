@@ -63,24 +63,60 @@ def add_lora(model, lora: dict[str, Any], seed: int = 0):
     )
 
 
-def token_logprobs(lm, input_ids, attention_mask, policy_mask, temperature: float = 1.0, prefix=None):
+# Policy tokens whose logits exist at once: [chunk x vocabulary] floats (SmolLM2's 49,152-word
+# vocabulary: 48 MiB per copy at 256 tokens), whatever the micro-batch's size.
+LOGPROB_CHUNK_TOKENS = 256
+
+
+def token_logprobs(lm, input_ids, attention_mask, policy_mask, temperature: float = 1.0, prefix=None,
+                   chunk_tokens: int = LOGPROB_CHUNK_TOKENS):
     """log pi(y_t | y_<t) for every position with ``policy_mask[:, t]`` (t >= 1), flattened
-    in row-major order. Runs the vocabulary projection on those positions only. With a
-    ``prefix`` (``SharedPrefix``), every row begins with it and only the rows' continuations
-    run through the backbone."""
+    in row-major order. Runs the vocabulary projection on those positions only, ``chunk_tokens``
+    at a time (``chosen_logprobs``). With a ``prefix`` (``SharedPrefix``), every row begins with
+    it and only the rows' continuations run through the backbone."""
     import torch
 
     targets = policy_mask[:, 1:].bool()
+    chosen = input_ids[:, 1:][targets]
     backbone, head = decoder_and_head(lm)
     if prefix is not None:
         hidden = prefix.row_hidden(input_ids, attention_mask)
-        logits = prefix.head(hidden[:, :-1][targets]).float()
-    elif backbone is not None:
+        return chosen_logprobs(hidden[:, :-1][targets], prefix.head, chosen, temperature, chunk_tokens)
+    if backbone is not None:
         hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        logits = head(hidden[:, :-1][targets]).float()
-    else:  # models without a separable head: full logits
-        logits = lm(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][targets].float()
-    if temperature > 0:
-        logits = logits / temperature
-    chosen = input_ids[:, 1:][targets]
-    return logits.gather(-1, chosen[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        return chosen_logprobs(hidden[:, :-1][targets], head, chosen, temperature, chunk_tokens)
+    # a model without a separable head: its full logits, then the same log-softmax
+    logits = lm(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][targets]
+    return chosen_logprobs(logits, torch.nn.Identity(), chosen, temperature, chunk_tokens)
+
+
+def chosen_logprobs(hidden, head, chosen, temperature: float = 1.0, chunk_tokens: int = LOGPROB_CHUNK_TOKENS):
+    """log softmax(head(hidden) / T)[chosen] for rows of ``hidden`` [n, width] (T <= 0: the
+    untempered softmax, as the sampler's greedy mode), ``chunk_tokens`` rows at a time.
+
+    The vocabulary projection is the largest tensor of a training step: [n x vocabulary]
+    floats, kept for the backward and as large again in its gradient. Chunked, at most one
+    chunk's logits exist at a time: without gradient each chunk's are dropped once its
+    log-probs are taken; with gradient each chunk runs under activation checkpointing, which
+    keeps only its ``hidden`` rows and recomputes the chunk's logits in the backward (one
+    more projection of the policy tokens, a few percent of a training step's FLOPs)."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+
+    def chunk(h, y):
+        logits = head(h).float()
+        if temperature > 0:
+            logits = logits / temperature
+        return logits.gather(-1, y[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
+    parts = []
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        h, y = hidden[start : start + chunk_tokens], chosen[start : start + chunk_tokens]
+        parts.append(checkpoint(chunk, h, y, use_reentrant=False) if grad else chunk(h, y))
+    if not parts:
+        return hidden.new_zeros((0,), dtype=torch.float32)
+    return torch.cat(parts)
