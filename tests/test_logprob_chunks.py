@@ -13,10 +13,11 @@ from draco_gym.algos.policy.models import build_tiny_llama
 from draco_gym.algos.rllib.module import HFPolicyModule
 
 
-def identity_head(vocab: int) -> torch.nn.Linear:
+def identity_head(vocab: int, trainable: bool = False) -> torch.nn.Linear:
     head = torch.nn.Linear(vocab, vocab, bias=False)
     with torch.no_grad():
         head.weight.copy_(torch.eye(vocab))
+    head.weight.requires_grad_(trainable)
     return head
 
 
@@ -32,11 +33,24 @@ def test_worked_logprobs_at_two_temperatures():
     assert torch.allclose(lp, torch.log(torch.tensor([math.sqrt(5) / z, 1 / z, math.sqrt(2) / z])), atol=1e-6)
 
 
-def test_worked_gradient_is_onehot_minus_softmax():
-    """d log p_y / d logits = onehot(y) - softmax, through the chunk's recomputation."""
-    hidden = torch.tensor([[0.0, math.log(2.0), math.log(5.0)]], requires_grad=True)
-    chosen_logprobs(hidden, identity_head(3), torch.tensor([2]), chunk_tokens=1).sum().backward()
-    assert torch.allclose(hidden.grad, torch.tensor([[-1 / 8, -2 / 8, 3 / 8]]), atol=1e-6)
+@pytest.mark.parametrize("trainable", [False, True], ids=["frozen head", "trainable head"])
+def test_worked_gradient_is_onehot_minus_softmax(trainable):
+    """d log p_y / d logits = (onehot(y) - softmax) / T: with a frozen head taken in the
+    forward, with a trainable one through the chunk's recomputation (and then the head's own
+    gradient, the outer product with the hidden row, too). Two rows, two chunks, upstream
+    weights 1 and 3, T = 1 and 2."""
+    row = [0.0, math.log(2.0), math.log(5.0)]
+    for temperature, probs in ((1.0, [1 / 8, 2 / 8, 5 / 8]),
+                               (2.0, [x / (1 + math.sqrt(2) + math.sqrt(5)) for x in (1, math.sqrt(2), math.sqrt(5))])):
+        hidden = torch.tensor([row, row], requires_grad=True)
+        head = identity_head(3, trainable)
+        lp = chosen_logprobs(hidden, head, torch.tensor([2, 0]), temperature=temperature, chunk_tokens=1)
+        (lp * torch.tensor([1.0, 3.0])).sum().backward()
+        p = torch.tensor(probs)
+        expected = torch.stack([torch.tensor([0.0, 0.0, 1.0]) - p, 3 * (torch.tensor([1.0, 0.0, 0.0]) - p)]) / temperature
+        assert torch.allclose(hidden.grad, expected, atol=1e-6)
+        if trainable:
+            assert torch.allclose(head.weight.grad, expected.T @ hidden.detach(), atol=1e-6)
 
 
 def test_chunk_size_must_be_positive():
@@ -102,13 +116,17 @@ def test_chunked_values_and_gradients_equal_the_full_log_softmax(module, chunk_t
                               unchunked(lm, ids, attention, policy, temperature=1.0), atol=1e-5)
 
 
-def test_no_more_than_a_chunk_of_logits_exists_forward_or_backward(module):
-    """Every vocabulary projection, the backward's recomputation included, sees at most a
-    chunk of rows; and the backward does recompute (the logits were not kept)."""
+@pytest.mark.parametrize("trainable", [False, True], ids=["frozen head", "trainable head"])
+def test_no_more_than_a_chunk_of_logits_exists_forward_or_backward(module, trainable):
+    """Every vocabulary projection sees at most a chunk of rows, and none keeps its output for
+    the backward: a frozen head (LoRA's) is never projected again, a trainable one is
+    projected again chunk by chunk in the backward (checkpointing)."""
     lm = module.lm
     head = decoder_and_head(lm)[1]
-    rows: list[tuple[bool, int]] = []
-    hook = head.register_forward_hook(lambda m, inputs, out: rows.append((torch.is_grad_enabled(), out.shape[0])))
+    assert not head.weight.requires_grad  # LoRA leaves the vocabulary head frozen
+    rows: list[int] = []
+    hook = head.register_forward_hook(lambda m, inputs, out: rows.append(out.shape[0]))
+    head.weight.requires_grad_(trainable)
     try:
         ids, attention, policy = batch(module)
         lp = token_logprobs(lm, ids, attention, policy, chunk_tokens=4)
@@ -116,7 +134,9 @@ def test_no_more_than_a_chunk_of_logits_exists_forward_or_backward(module):
         lp.sum().backward()
     finally:
         hook.remove()
+        head.weight.requires_grad_(False)
+        head.weight.grad = None
     n_tokens = int(policy[:, 1:].sum())
     assert n_forward == math.ceil(n_tokens / 4)
-    assert len(rows) == 2 * n_forward  # each chunk projected again in the backward
-    assert max(n for _, n in rows) <= 4
+    assert len(rows) == (2 if trainable else 1) * n_forward
+    assert max(rows) <= 4
