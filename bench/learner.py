@@ -206,6 +206,9 @@ def setup_variant(config_path: str, mode: str, micro_batch_tokens: int | None, l
     _STATE.update(module=module, optim=optim, iteration=iteration,
                   figures=batch_figures(module, batch, optim.share_prefix) | {"threads": threads})
     iteration()  # warm-up
+    from draco_gym.algos.memory import release_freed_memory
+
+    release_freed_memory()
     return _STATE["figures"]
 
 
@@ -237,6 +240,7 @@ def timed_iteration() -> dict:
     before = memory.root.memory_full_info().pss
     with memory:
         seconds = _STATE["iteration"]()
+    release_freed_memory()  # the other variants' turn: this one keeps only what it holds
     return {"seconds": seconds, "peak": memory.peak_pss, "before": before, "limit": matmul_limit()}
 
 
