@@ -3,6 +3,7 @@ iteration and memory.
 
     python bench/vs_trl.py                           # configs/quickstart.yaml, 5 iterations, both pairs
     python bench/vs_trl.py --small                   # 2 iterations, uniform credit only
+    python bench/vs_trl.py --set optim.micro_batch_tokens=512   # a config key changed for both
 
 The job is a config's GRPO phase (default: the quickstart's), every setting read from the
 config: its warm start is run once (``draco-gym train``'s own, reused when already done), then
@@ -53,6 +54,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--iterations", type=int, default=5, help="iterations (optimizer steps) per run, >= 2")
     p.add_argument("--pairs", nargs="+", choices=["uniform", "draco"], default=["uniform", "draco"],
                    help="uniform: uniform credit in both; draco: the config's credit (DracoCreditGRPOTrainer in TRL)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key for both trainers, as draco-gym train --set (repeatable)")
     p.add_argument("--small", action="store_true", help="2 iterations, the uniform pair only")
     p.add_argument("--out", default="runs/vs_trl", help="folder for the warm start and each run's output")
     p.add_argument("--child", choices=TRAINERS, help=argparse.SUPPRESS)
@@ -70,7 +73,7 @@ def parse(argv=None) -> argparse.Namespace:
 # -- the parent: warm start once, then each run in a process tree of its own ------------------
 
 
-def warm_start(config_path: str, out: Path) -> str:
+def warm_start(config_path: str, overrides: list[str], out: Path) -> str:
     """The config's warm-started model (the quickstart's own warm start, in a child process
     so that its weights leave with it); the config's model when it has no warm start."""
     import multiprocessing
@@ -79,18 +82,18 @@ def warm_start(config_path: str, out: Path) -> str:
     from draco_gym.algos.config import load_config
     from draco_gym.algos.policy.models import resolve_model
 
-    config = load_config(config_path)
+    config = load_config(config_path, overrides)
     if not config.warm_start.epochs:
         return resolve_model(config.policy.model)
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return str(pool.submit(_warm_start, config_path, str(out / "warm_start")).result())
+        return str(pool.submit(_warm_start, config_path, overrides, str(out / "warm_start")).result())
 
 
-def _warm_start(config_path: str, out: str):
+def _warm_start(config_path: str, overrides: list[str], out: str):
     from draco_gym.algos.cli.sft import warm_start_from_config
     from draco_gym.algos.config import load_config
 
-    config = load_config(config_path)
+    config = load_config(config_path, overrides)
     settings = config.warm_start.model_copy(update={"check_tasks": 0})
     return warm_start_from_config(config, settings, out=out).resolve()
 
@@ -112,10 +115,10 @@ def measured_run(command: list[str], log: Path) -> dict:
 def draco_gym_command(args, credit: str, model: str, out: Path) -> list[str]:
     from draco_gym.algos.config import load_config
 
-    name = load_config(args.config).credit.name if credit == "draco" else "uniform"
+    name = load_config(args.config, args.set).credit.name if credit == "draco" else "uniform"
+    sets = [*args.set, f"policy.model={model}", "warm_start.epochs=0", f"credit.name={name}"]
     return [str(Path(sys.executable).with_name("draco-gym")), "train", args.config, "--overwrite",
-            "--iterations", str(args.iterations), "--output-dir", str(out),
-            "--set", f"policy.model={model}", "--set", "warm_start.epochs=0", "--set", f"credit.name={name}"]
+            "--iterations", str(args.iterations), "--output-dir", str(out), *(a for s in sets for a in ("--set", s))]
 
 
 def draco_gym_figures(out: Path) -> dict:
@@ -143,7 +146,7 @@ def run_pair(args, credit: str, model: str, out: Path) -> dict:
         else:
             command = [sys.executable, os.path.abspath(__file__), "--child", "trl", "--credit", credit,
                        "--model", model, "--config", args.config, "--iterations", str(args.iterations),
-                       "--result", str(folder / "trl_result.json")]
+                       "--result", str(folder / "trl_result.json"), *(a for s in args.set for a in ("--set", s))]
         print(f"[{trainer}, {credit} credit] {' '.join(command)}", flush=True)
         run = measured_run(command, folder / "output.log")
         if run["rc"] != 0:
@@ -190,11 +193,12 @@ def main(argv=None) -> int:
         return child_trl(args)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    model = warm_start(args.config, out)
+    model = warm_start(args.config, args.set, out)
     print(f"warm-started policy: {model}", flush=True)
     pairs = {credit: run_pair(args, credit, model, out) for credit in args.pairs}
     (out / "vs_trl.json").write_text(json.dumps(pairs, indent=1, default=str))
-    print(f"\n== {args.config}'s GRPO phase, {args.iterations} iterations per run, each a fresh process tree; "
+    print(f"\n== {args.config}'s GRPO phase{' with ' + ', '.join(args.set) if args.set else ''}, "
+          f"{args.iterations} iterations per run, each a fresh process tree; "
           f"s/iter: median over iterations 2..{args.iterations}; gen t/s: generated tokens per second of rollout "
           f"(sampling + env); train t/s: policy tokens trained per second of iteration wall; PSS: the tree's peak ==")
     print(HEADER)
@@ -230,7 +234,7 @@ def child_trl(args) -> int:
     from draco_gym.types import GAP
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    config = load_config(args.config)
+    config = load_config(args.config, args.set)
     ro, optim, lora = config.rollout, config.optim, config.policy.lora
     group = ro.group_size
     figures: dict[str, list] = {"wall": [], "rollout_s": [], "generated_tokens": [], "rewards": [], "success": []}

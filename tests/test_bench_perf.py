@@ -44,6 +44,9 @@ def test_draco_gym_runs_the_configs_grpo_phase_from_the_warm_start(tmp_path):
     assert uniform[uniform.index("--iterations") + 1] == "3"
     draco = vs_trl.draco_gym_command(args, "draco", "/models/warm", tmp_path)
     assert "credit.name=draco" in draco  # the config's own credit
+    args = vs_trl.parse(["--set", "optim.micro_batch_tokens=512"])
+    command = vs_trl.draco_gym_command(args, "uniform", "/m", tmp_path)
+    assert [command[i + 1] for i, a in enumerate(command) if a == "--set"][0] == "optim.micro_batch_tokens=512"
 
 
 def test_learner_counts_the_decoders_linear_weights():
