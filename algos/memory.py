@@ -134,3 +134,33 @@ class TreeMemory:
             lines.append(f"  {peak.pss / MIB:7.0f} MiB  {peak.name} (pid {peak.pid})")
         return "\n".join(lines)
 
+
+
+_LIBC: list = []  # glibc's handle, once looked up ([None] off glibc)
+
+
+def release_freed_memory() -> bool:
+    """Hand the pages this process's heap holds free back to the OS (glibc's ``malloc_trim``);
+    False where there is no glibc.
+
+    A run's processes take turns: the env runner samples while the learner waits, then the
+    learner steps while the env runner waits. Without this, each keeps the pages of its own
+    peak while the other peaks, and the tree's peak is the sum of both: glibc returns a freed
+    block to the OS at once only above its mmap threshold, a threshold that rises (up to 32 MiB
+    on 64-bit) with the blocks freed, and activations and KV caches are mostly smaller blocks,
+    freed in an order that leaves holes below the heap's top. Called at the end of each phase;
+    it costs milliseconds."""
+    import ctypes
+    import ctypes.util
+
+    if not _LIBC:
+        name = ctypes.util.find_library("c")
+        try:
+            libc = ctypes.CDLL(name) if name else None
+            _LIBC.append(libc if libc is not None and hasattr(libc, "malloc_trim") else None)
+        except OSError:
+            _LIBC.append(None)
+    if _LIBC[0] is None:
+        return False
+    _LIBC[0].malloc_trim(0)
+    return True

@@ -63,24 +63,128 @@ def add_lora(model, lora: dict[str, Any], seed: int = 0):
     )
 
 
-def token_logprobs(lm, input_ids, attention_mask, policy_mask, temperature: float = 1.0, prefix=None):
+# Policy tokens whose logits exist at once: [chunk x vocabulary] floats (SmolLM2's 49,152-word
+# vocabulary: 48 MiB per copy at 256 tokens), whatever the micro-batch's size.
+LOGPROB_CHUNK_TOKENS = 256
+
+
+def token_logprobs(lm, input_ids, attention_mask, policy_mask, temperature: float = 1.0, prefix=None,
+                   chunk_tokens: int = LOGPROB_CHUNK_TOKENS):
     """log pi(y_t | y_<t) for every position with ``policy_mask[:, t]`` (t >= 1), flattened
-    in row-major order. Runs the vocabulary projection on those positions only. With a
-    ``prefix`` (``SharedPrefix``), every row begins with it and only the rows' continuations
-    run through the backbone."""
+    in row-major order. Runs the vocabulary projection on those positions only, ``chunk_tokens``
+    at a time (``chosen_logprobs``). With a ``prefix`` (``SharedPrefix``), every row begins with
+    it and only the rows' continuations run through the backbone."""
     import torch
 
     targets = policy_mask[:, 1:].bool()
+    chosen = input_ids[:, 1:][targets]
     backbone, head = decoder_and_head(lm)
     if prefix is not None:
         hidden = prefix.row_hidden(input_ids, attention_mask)
-        logits = prefix.head(hidden[:, :-1][targets]).float()
-    elif backbone is not None:
+        return chosen_logprobs(hidden[:, :-1][targets], prefix.head, chosen, temperature, chunk_tokens)
+    if backbone is not None:
         hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        logits = head(hidden[:, :-1][targets]).float()
-    else:  # models without a separable head: full logits
-        logits = lm(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][targets].float()
-    if temperature > 0:
-        logits = logits / temperature
-    chosen = input_ids[:, 1:][targets]
-    return logits.gather(-1, chosen[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        return chosen_logprobs(hidden[:, :-1][targets], head, chosen, temperature, chunk_tokens)
+    # a model without a separable head: its full logits, then the same log-softmax
+    logits = lm(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][targets]
+    return chosen_logprobs(logits, torch.nn.Identity(), chosen, temperature, chunk_tokens)
+
+
+def chosen_logprobs(hidden, head, chosen, temperature: float = 1.0, chunk_tokens: int = LOGPROB_CHUNK_TOKENS):
+    """log softmax(head(hidden) / T)[chosen] for rows of ``hidden`` [n, width] (T <= 0: the
+    untempered softmax, as the sampler's greedy mode), ``chunk_tokens`` rows at a time.
+
+    The vocabulary projection is the largest tensor of a training step: [n x vocabulary]
+    floats, kept for the backward and as large again in its gradient. Here at most one
+    chunk's logits exist at a time. Without gradient, each chunk's are dropped once its
+    log-probs are taken. With gradient through a frozen linear head (LoRA leaves it frozen),
+    each chunk's gradient with respect to its hidden rows is taken while its logits exist
+    (``_FrozenHeadLogprobs``): no logits are kept and none recomputed. Any other head (one
+    with trainable weights) runs each chunk under activation checkpointing, which keeps the
+    chunk's ``hidden`` rows and recomputes its logits in the backward."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    params = list(head.parameters())
+    if not (torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in params))):
+        with torch.no_grad():
+            return _chunked(hidden, head, chosen, temperature, chunk_tokens)
+    if type(head) is torch.nn.Linear and not any(p.requires_grad for p in params):
+        return _FrozenHeadLogprobs.apply(hidden, head, chosen, temperature, chunk_tokens)
+    parts = [checkpoint(_chunk_logprobs, hidden[i : i + chunk_tokens], head, chosen[i : i + chunk_tokens],
+                        temperature, use_reentrant=False)
+             for i in range(0, hidden.shape[0], chunk_tokens)]
+    return torch.cat(parts) if parts else hidden.new_zeros((0,), dtype=torch.float32)
+
+
+def _tempered_logits(h, head, temperature: float):
+    logits = head(h).float()
+    return logits / temperature if temperature > 0 else logits
+
+
+def _chunk_logprobs(h, head, y, temperature: float):
+    import torch
+
+    logits = _tempered_logits(h, head, temperature)
+    return logits.gather(-1, y[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def _chunked(hidden, head, chosen, temperature: float, chunk_tokens: int):
+    import torch
+
+    parts = [_chunk_logprobs(hidden[i : i + chunk_tokens], head, chosen[i : i + chunk_tokens], temperature)
+             for i in range(0, hidden.shape[0], chunk_tokens)]
+    return torch.cat(parts) if parts else hidden.new_zeros((0,), dtype=torch.float32)
+
+
+def _frozen_head_function():
+    import torch
+
+    class FrozenHeadLogprobs(torch.autograd.Function):
+        """log p_t = (h_t W^T / T)[y_t] - logsumexp(h_t W^T / T), with W frozen. Its gradient
+        with respect to h_t is (W[y_t] - softmax_t W) / T, a [width] vector known as soon
+        as the chunk's softmax is: the forward keeps that ([n x width], the size of the
+        hidden rows) instead of the [n x vocabulary] logits, and the backward scales it by
+        the incoming gradient. The softmax-times-W matmul is the one a plain backward runs,
+        so the FLOPs are those of the unchunked expression."""
+
+        @staticmethod
+        def forward(ctx, hidden, head, chosen, temperature, chunk_tokens):
+            weight = head.weight
+            scale = 1.0 / temperature if temperature > 0 else 1.0
+            logps, grads = [], []
+            for i in range(0, hidden.shape[0], chunk_tokens):
+                h, y = hidden[i : i + chunk_tokens], chosen[i : i + chunk_tokens]
+                logits = _tempered_logits(h, head, temperature)
+                lse = torch.logsumexp(logits, dim=-1)
+                logps.append(logits.gather(-1, y[:, None]).squeeze(-1) - lse)
+                probs = logits.sub_(lse[:, None]).exp_()  # the logits' own memory becomes the softmax
+                grads.append((weight[y].float() - (probs.to(weight.dtype) @ weight).float()) * scale)
+                del logits, probs
+            ctx.save_for_backward(torch.cat(grads) if grads else hidden.new_zeros((0, hidden.shape[1])))
+            ctx.hidden_dtype = hidden.dtype
+            return torch.cat(logps) if logps else hidden.new_zeros((0,), dtype=torch.float32)
+
+        @staticmethod
+        def backward(ctx, grad_logp):
+            (d_hidden,) = ctx.saved_tensors
+            return (grad_logp[:, None] * d_hidden).to(ctx.hidden_dtype), None, None, None, None
+
+    return FrozenHeadLogprobs
+
+
+class _LazyFunction:
+    """The autograd function, built on first use: importing this module does not import torch."""
+
+    def __init__(self, build) -> None:
+        self.build, self.function = build, None
+
+    def apply(self, *args):
+        if self.function is None:
+            self.function = self.build()
+        return self.function.apply(*args)
+
+
+_FrozenHeadLogprobs = _LazyFunction(_frozen_head_function)

@@ -28,6 +28,7 @@ from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 from draco_gym.types import RolloutGroup, Trajectory
 
+from draco_gym.algos.memory import release_freed_memory
 from draco_gym.algos.policy.chat import ChatFormat, eos_token_ids
 from draco_gym.algos.policy.rollout import Episode, run_episodes
 from draco_gym.algos.policy.streaming import GroupScorer, GroupWatch, uses_policy_judge
@@ -197,6 +198,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             raise
         self._streamed = (list(tasks), scorer) if scorer is not None else None
         t_rollout = time.perf_counter() - t0
+        release_freed_memory()  # the episodes' KV cache, before the learner's turn to peak
         groups = [RolloutGroup(task_id=task, trajectories=trajectories[i * group_size : (i + 1) * group_size])
                   for i, task in enumerate(tasks)]
         out = {

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
+from draco_gym.algos.memory import release_freed_memory
 from draco_gym.algos.policy.gradients import STAT_KEYS, accumulate_gradients, recompute_logprobs
 from draco_gym.algos.policy.loss import grpo_loss
 
@@ -80,6 +81,7 @@ class GRPOTorchLearner(TorchLearner):
         grads = {pid: p.grad for pid, p in self._params.items() if p.grad is not None}
         if grads:
             self.apply_gradients(self.postprocess_gradients(grads))
+        release_freed_memory()  # the step's activations, before the env runners' turn to peak
         return fwd_last, losses, {}
 
     def _all_reduce_gradients(self, world) -> None:
