@@ -453,7 +453,7 @@ def test_the_console_hears_each_alarm_once(tmp_path, caplog):
 
     from draco_gym.algos.rllib.grpo import GRPO
     from draco_gym.algos.rllib.runs import ProgressCallback
-    from test_reward_hacking_alarm import COLLAPSE_KL, COLLAPSE_SUCCESS
+    from reward_fixtures import COLLAPSE_KL, COLLAPSE_SUCCESS
 
     def result(t, success, kl, reward):
         return {"training_iteration": t, "env_runners": {"episode_return_mean": reward, "env": {"success": success}},

@@ -15,7 +15,6 @@ from draco_gym.cli import main
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 BLIND_ON_PURPOSE = {
     "appworld_random.yaml": "the random-reward control: blind by design",
-    "tau_eval.yaml": "evaluation only: it trains nothing",
 }
 WEIGHTED = {"parts": [{"name": "outcome", "weight": 1.0, "options": {"metric": "success"}},
                       {"name": "rule", "weight": 0.25}]}

@@ -10,6 +10,7 @@ import math
 import pytest
 
 from draco_gym.metrics import kendall_tau_b, outcome_agreement, reward_outcome_divergence, success_kl_collapse
+from reward_fixtures import COLLAPSE_KL, COLLAPSE_SUCCESS
 
 
 def test_kendall_tau_b_by_hand():
@@ -66,12 +67,6 @@ def _change(values):
     """slope x (n - 1) of 4 values, written out: sum((i - 1.5) (v - mean)) / 5 x 3."""
     mean = sum(values) / 4
     return sum((i - 1.5) * (v - mean) for i, v in enumerate(values)) / 5 * 3
-
-
-# The issue's run: 8 iterations at lr 3e-4, training success falling from 1.00 to 0.00 while
-# the KL rose to 0.137.
-COLLAPSE_SUCCESS = [0.67, 0.83, 1.00, 0.67, 0.17, 0.00, 0.50, 0.00]
-COLLAPSE_KL = [0.010, 0.015, 0.020, 0.030, 0.050, 0.080, 0.110, 0.137]
 
 
 def test_the_collapse_alarm_fires_when_success_falls_while_the_kl_climbs():
