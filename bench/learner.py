@@ -51,6 +51,8 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
+from draco_gym.bench.train_iteration import learner_model
+
 MODES = {
     "unchunked": "the whole micro-batch's [tokens x vocab] logits at once (the textbook expression)",
     "chunked": "draco-gym's log-probs: 256 policy tokens of logits at a time, their gradient taken at once",
@@ -184,7 +186,7 @@ def setup_variant(config_path: str, mode: str, micro_batch_tokens: int | None, l
     if mode == "unchunked":
         lm_module.chosen_logprobs = unchunked_logprobs
     config = load_config(config_path)
-    path = cut_layers(resolve_model(config.policy.model), layers)
+    path = learner_model(resolve_model(config.policy.model), layers)
     module = HFPolicyModule(observation_space=None, action_space=None, inference_only=False, model_config={
         "model": path, "dtype": config.policy.dtype, "lora": config.policy.lora.model_dump(),
         "temperature": config.rollout.temperature})
@@ -257,25 +259,6 @@ def matmul_limit() -> float:
 
 def max_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def cut_layers(path: str, layers: int) -> str:
-    """A directory that loads the model's first ``layers`` layers (its own weights; a config
-    that says fewer layers, links to the rest), or ``path`` itself."""
-    import json
-    import tempfile
-    from pathlib import Path
-
-    src = Path(path)
-    config = json.loads((src / "config.json").read_text())
-    if layers <= 0 or layers >= config["num_hidden_layers"]:
-        return str(src)
-    dst = Path(tempfile.mkdtemp(prefix="draco_bench_layers_"))
-    for f in src.iterdir():
-        if f.name != "config.json":
-            (dst / f.name).symlink_to(f.resolve())
-    (dst / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layers}))
-    return str(dst)
 
 
 def main(argv=None) -> int:

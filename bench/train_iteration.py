@@ -179,7 +179,7 @@ def bench_generation(args, path: str) -> None:
 
 def learner_model(name: str, layers: int) -> str:
     """A directory that loads the model's first ``layers`` layers, its own weights
-    (a config that says fewer layers, links to the rest)."""
+    (a config that says fewer layers, links to the rest), or the model's own directory."""
     import json
     from pathlib import Path
 
