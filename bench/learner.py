@@ -51,7 +51,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from draco_gym.bench.train_iteration import learner_model
+from draco_gym.bench.train_iteration import learner_model, padded_batch
 
 MODES = {
     "unchunked": "the whole micro-batch's [tokens x vocab] logits at once (the textbook expression)",
@@ -103,17 +103,7 @@ def iteration_batch(config, model_path: str, seed: int = 0, observation_tokens: 
                     policy.append(torch.zeros(observation_tokens))
             rows.append((torch.cat(ids), torch.cat(policy)))
     env.close()
-    width = max(len(ids) for ids, _ in rows)
-    batch = {k: torch.zeros(len(rows), width) for k in ("policy_mask", "advantages", "old_logp")}
-    batch["input_ids"] = torch.zeros(len(rows), width, dtype=torch.long)
-    batch["attention_mask"] = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, (ids, policy) in enumerate(rows):
-        batch["input_ids"][i, : len(ids)] = ids
-        batch["attention_mask"][i, : len(ids)] = 1
-        batch["policy_mask"][i, : len(ids)] = policy
-        batch["advantages"][i, : len(ids)] = float(torch.randn((), generator=g)) * policy
-    batch["policy_mask"][:, 0] = 0
-    return batch
+    return padded_batch(rows, g)
 
 
 def unchunked_logprobs(hidden, head, chosen, temperature: float = 1.0, chunk_tokens: int = 0):

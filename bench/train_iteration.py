@@ -195,6 +195,25 @@ def learner_model(name: str, layers: int) -> str:
     return str(dst)
 
 
+def padded_batch(rows, g) -> dict:
+    """The learner's batch from (token ids, policy mask) rows: right-padded, one random
+    advantage per row on its policy tokens (drawn from ``g``), the first token never a policy
+    token (nothing predicts it)."""
+    import torch
+
+    width = max(len(ids) for ids, _ in rows)
+    batch = {k: torch.zeros(len(rows), width) for k in ("policy_mask", "advantages", "old_logp")}
+    batch["input_ids"] = torch.zeros(len(rows), width, dtype=torch.long)
+    batch["attention_mask"] = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, (ids, policy) in enumerate(rows):
+        batch["input_ids"][i, : len(ids)] = ids
+        batch["attention_mask"][i, : len(ids)] = 1
+        batch["policy_mask"][i, : len(ids)] = policy
+        batch["advantages"][i, : len(ids)] = float(torch.randn((), generator=g)) * policy
+    batch["policy_mask"][:, 0] = 0
+    return batch
+
+
 def quickstart_batch(group: int, args, vocab: int, seed: int) -> dict:
     """G rollouts of one task as the learner gets them: one prompt, then per turn sampled
     tokens (policy) and an observation (gap), every rollout its own, lengths varying."""
@@ -214,17 +233,7 @@ def quickstart_batch(group: int, args, vocab: int, seed: int) -> dict:
                 m = between(args.observation_tokens)
                 ids.append(rand(m)), policy.append(torch.zeros(m))
         rows.append((torch.cat(ids), torch.cat(policy)))
-    width = max(len(ids) for ids, _ in rows)
-    batch = {k: torch.zeros(group, width) for k in ("policy_mask", "advantages", "old_logp")}
-    batch["input_ids"] = torch.zeros(group, width, dtype=torch.long)
-    batch["attention_mask"] = torch.zeros(group, width, dtype=torch.long)
-    for i, (ids, policy) in enumerate(rows):
-        batch["input_ids"][i, : len(ids)] = ids
-        batch["attention_mask"][i, : len(ids)] = 1
-        batch["policy_mask"][i, : len(ids)] = policy
-        batch["advantages"][i, : len(ids)] = float(torch.randn((), generator=g)) * policy
-    batch["policy_mask"][:, 0] = 0
-    return batch
+    return padded_batch(rows, g)
 
 
 def model_flops(config, lengths, policy_tokens: int, shared: int = 0) -> float:
