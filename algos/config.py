@@ -32,6 +32,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from draco_gym.algos.credit.core import TurnsWithoutCode
+
 
 class ConfigError(ValueError):
     """A config is invalid; the message names the file (or ``GRPOConfig``) and the key."""
@@ -153,10 +155,13 @@ class RewardSection(NamedSection):
 
 class CreditSection(NamedSection):
     name: str = Field("draco", description="a name in draco_gym.algos.credit.CREDIT_RULES")
-    turns_without_code: Literal["trajectory", "attach"] = Field(
+    options: dict[str, Any] = Field(default_factory=dict, description="the rule's options (its declaration, "
+                                    "draco_gym.algos.credit.credit_spec(name).options, gives each with its default)")
+    turns_without_code: TurnsWithoutCode = Field(
         "trajectory", description="a credit step is one code block (the paper's step); a turn without one (the "
-        "closing message) is shown to the judge but gets the trajectory's A_i (trajectory) or joins the preceding "
-        "code step's tokens and citations (attach)")
+        "closing message) is shown to the judge but gets the trajectory's A_i (trajectory, ours), joins the "
+        "preceding code step's tokens and citations (attach, ours) or is a gap token with advantage 0 (gap, the "
+        "paper's letter)")
 
     @field_validator("name")
     @classmethod
@@ -175,36 +180,13 @@ class CreditSection(NamedSection):
         return value
 
 
-# What only the trainer supplies, or what reaches outside when built (a judge's client), stood
-# in for while a config's credit options are checked.
-_TRAINER_INPUTS = {"continue_fn": lambda *args: [], "reference_model": "the policy's base model",
-                   "propose": lambda *args: (None, "")}
-
-
 def check_credit_options(name: str, options: dict[str, Any]) -> None:
-    """Every option is one the rule takes, with a value it accepts: checked where the config
-    is read, by building the rule once, not when the first iteration builds it on the driver
-    after the env runners have sampled."""
-    import difflib
-    import inspect
+    """Every option is one the rule declares, with a value its options model accepts: checked
+    where the config is read, not when the first iteration builds the rule on the driver after
+    the env runners have sampled."""
+    from draco_gym.algos.credit import credit_spec
 
-    from draco_gym.algos.credit import CREDIT_RULES
-
-    factory = CREDIT_RULES.get(name)
-    params = inspect.signature(factory).parameters
-    taken = sorted(p for p in params if p != "turns_without_code")
-    for key in options:
-        if key not in taken:
-            hint = difflib.get_close_matches(key, taken, n=1)
-            raise ValueError(f"credit {name!r} takes no option {key!r}"
-                             + (f"; did you mean {hint[0]!r}?" if hint else "")
-                             + (f"; its options: {', '.join(taken)}" if taken else "; it takes none"))
-    trial = {k: v for k, v in options.items() if k not in ("judge", "judge_options")}
-    trial.update({k: v for k, v in _TRAINER_INPUTS.items() if k in params and trial.get(k) is None})
-    try:
-        factory(**trial)
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"credit {name!r}: {exc}") from None
+    credit_spec(name).parse(options)
 
 
 class LossConfig(_Section):
@@ -412,19 +394,17 @@ class RunConfig(_Section):
 
 
 def check_outcome_base(credit: CreditSection, reward: RewardSection) -> None:
-    """TRACE and ProVer build on the verifiable outcome's group advantage (their papers'
-    A_out and GRPO advantage), which only the ``outcome`` reward supplies. A rule declares
-    this with a ``base_advantage`` option defaulting to "outcome"."""
-    import inspect
-
-    from draco_gym.algos.credit import CREDIT_RULES
+    """A rule that needs the outcome reward (``Need.OUTCOME_REWARD``: TRACE's A_out and
+    ProVer's GRPO advantage under ``base_advantage: outcome``, their papers' reading) gets the
+    ``outcome`` reward, on the metric the rule reads as success."""
+    from draco_gym.algos.credit import Need, credit_spec
     from draco_gym.reward import OutcomeReward
 
-    params = inspect.signature(CREDIT_RULES.get(credit.name)).parameters
-    if "base_advantage" not in params or credit.options.get("base_advantage",
-                                                             params["base_advantage"].default) != "outcome":
+    spec = credit_spec(credit.name)
+    options = spec.parse(credit.options)[0]
+    if Need.OUTCOME_REWARD not in spec.needs(options):
         return
-    key = credit.options.get("outcome_key", params["outcome_key"].default) if "outcome_key" in params else None
+    key = getattr(options, "outcome_key", None)
     if reward.name in ("outcome", OutcomeReward):
         metric = reward.options.get("metric", "success")
         if key is not None and "ratio" not in reward.options and metric != key:

@@ -151,9 +151,11 @@ def _credit_trainer_class():
         follows that one's verdicts. The G rows of a group must sit on one process (checked):
         verified on one process only."""
 
-        def __init__(self, *args, credit: str = "draco", credit_options: dict | None = None, **kwargs) -> None:
+        def __init__(self, *args, credit: str = "draco", credit_options: dict | None = None,
+                     turns_without_code: str = "trajectory", **kwargs) -> None:
             super().__init__(*args, **kwargs)
-            self.credit_rule = get_credit_rule(credit, **dict(credit_options or {}))
+            options = trl_credit_options(credit, credit_options or {}, self.model)
+            self.credit_rule = get_credit_rule(credit, turns_without_code=turns_without_code, **options)
             rewards = [f for f in self.reward_funcs if isinstance(f, TRLReward)]
             if len(rewards) != 1:
                 raise ValueError(f"DracoCreditGRPOTrainer needs exactly one TRLReward in reward_funcs (its verdicts "
@@ -189,6 +191,30 @@ def _credit_trainer_class():
             return out
 
     return DracoCreditGRPOTrainer
+
+
+def trl_credit_options(name: str, options: dict, model) -> dict:
+    """``options`` plus what TRL's trainer can supply for what the rule declares it needs
+    (``credit_spec(name)``): its base model as the frozen reference (``Need.BASE_POLICY``:
+    the model's ``name_or_path``). Continuations of the current policy (``Need.CONTINUATIONS``)
+    it cannot run: they must be given (``continue_fn``, e.g. a ``prover.EnvContinuations``)."""
+    from draco_gym.algos.credit import Need, credit_spec
+
+    spec = credit_spec(name)
+    out = dict(options)
+    for need, keyword in spec.trainer_inputs(spec.parse(out)[0]).items():
+        if out.get(keyword) is not None:
+            continue
+        if need is Need.BASE_POLICY:
+            base = getattr(getattr(model, "config", None), "_name_or_path", None) or getattr(model, "name_or_path", None)
+            if not base:
+                raise ValueError(f"credit {name!r} needs a frozen reference model and the trainer's model names no "
+                                 f"path: give credit_options={{{keyword!r}: PATH}}")
+            out[keyword] = base
+        else:
+            raise ValueError(f"credit {name!r} needs {need.value} ({keyword}), which TRL's trainer cannot supply: give "
+                             f"credit_options={{{keyword!r}: ...}}")
+    return out
 
 
 class CreditStats:

@@ -60,7 +60,7 @@ import numpy as np
 from draco_gym.algos.credit import draco_credit, group_advantages
 from draco_gym.algos.credit.prover import (apply_segment_bonus, prover_base_advantages, prover_delta, prover_eligible,
                                            validate_segment)
-from draco_gym.algos.credit.trace import TraceParams, trace_credit
+from draco_gym.algos.credit.trace import TraceOptions, trace_credit
 from draco_gym.algos.credit.trca import RuleFamily, outcome_advantages, trca_credit
 
 RULES: tuple[str, ...] = ("uniform", "draco", "trace", "prover", "trca")
@@ -227,7 +227,7 @@ def group_credit(rule: str, task: SyntheticTask, probs: np.ndarray, actions: np.
     elif rule == "trace":  # A_out: the outcome's group advantage, as the paper
         logp = reference_logprobs(task, good, cfg, rng)
         a_out = group_advantages(success.tolist())
-        out = np.array([trace_credit(logp[i].tolist(), a, TraceParams()) for i, a in enumerate(a_out)])
+        out = np.array([trace_credit(logp[i].tolist(), a, TraceOptions()) for i, a in enumerate(a_out)])
     elif rule == "trca":  # the paper's: A_i from the outcome (0 without a success), r_env = outcome at the end
         env = np.zeros((len(success), T))
         env[:, -1] = success

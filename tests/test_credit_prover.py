@@ -13,6 +13,7 @@ from draco_gym.algos.credit import CREDIT_RULES, get_credit_rule
 from draco_gym.algos.credit.prover import (
     EnvContinuations,
     JudgeSegmentProposer,
+    ProVerOptions,
     ProVerRule,
     Segment,
     apply_segment_bonus,
@@ -156,7 +157,7 @@ class FakeContinuations:
 def test_rule_credits_the_segment_of_the_shortest_success():
     group = [_traj(6, False), _traj(5, True), _traj(6, True), _traj(4, False), _traj(6, False)]  # rate 0.4
     conts = FakeContinuations({1: [0, 0, 1, 0], 3: [1, 1, 1, 0]})  # pre after step 1, post after step 3
-    rule = ProVerRule(conts, lambda traj, max_len: (Segment(2, 3), "ok"), K=4, lam=1.0)
+    rule = ProVerRule(conts, lambda traj, max_len, failures: (Segment(2, 3), "ok"), ProVerOptions(K=4, lam=1.0))
     out = rule(group, GroupScore(), [9.0] * 5)  # the handed (reward) advantages are not ProVer's base
     # base: the mean-centred outcome, R - 0.4 = [-0.4, 0.6, 0.6, -0.4, -0.4]; the shortest
     # success is trajectory 1 (5 steps); Delta = 0.75 - 0.25 = 0.5 on its steps 2..3
@@ -175,10 +176,10 @@ def test_base_advantage_is_the_mean_centred_outcome_by_hand():
     and 0.19 of the standardised one."""
     group = [_traj(3, i == 2) for i in range(8)]
     conts = FakeContinuations({0: [0, 0, 1, 0], 1: [1, 1, 1, 0]})  # pre before step 1, post after it
-    centred = ProVerRule(conts, lambda traj, max_len: (Segment(1, 1), "ok"), K=4)(group, GroupScore(), [0.0] * 8)
+    centred = ProVerRule(conts, lambda traj, max_len, failures: (Segment(1, 1), "ok"), ProVerOptions(K=4))(group, GroupScore(), [0.0] * 8)
     assert centred[2] == pytest.approx([1.375, 0.875, 0.875])
     assert centred[0] == pytest.approx([-0.125] * 3)
-    standardised = get_credit_rule("prover", continue_fn=conts, propose=lambda t, m: (Segment(1, 1), "ok"), K=4,
+    standardised = get_credit_rule("prover", continue_fn=conts, propose=lambda t, m, f: (Segment(1, 1), "ok"), K=4,
                                    base_scale="standardised")(group, GroupScore(), [0.0] * 8)
     assert standardised[2] == pytest.approx([3.145751, 2.645751, 2.645751], abs=1e-5)
     assert standardised[0] == pytest.approx([-0.377964] * 3, abs=1e-5)
@@ -186,16 +187,16 @@ def test_base_advantage_is_the_mean_centred_outcome_by_hand():
     # or, standardised, the advantages as handed in
     rewards = GroupScore(scores=[TrajectoryScore.from_verdicts([Verdict(criterion="c", score=1 if i == 2 else -1)])
                                  for i in range(8)])
-    on_reward = ProVerRule(FakeContinuations({0: [0] * 8, 1: [0] * 8}), lambda t, m: (Segment(1, 1), "ok"),
-                           base_advantage="reward")(group, rewards, [0.0] * 8)
+    on_reward = ProVerRule(FakeContinuations({0: [0] * 8, 1: [0] * 8}), lambda t, m, f: (Segment(1, 1), "ok"),
+                           ProVerOptions(base_advantage="reward"))(group, rewards, [0.0] * 8)
     assert on_reward[2] == pytest.approx([1.75] * 3) and on_reward[0] == pytest.approx([-0.25] * 3)  # R = +1 / -1
-    with pytest.raises(ValueError, match="base_scale must be one of"):
-        get_credit_rule("prover", continue_fn=conts, propose=lambda t, m: (None, ""), base_scale="zscore")
+    with pytest.raises(ValueError, match="base_scale: Input should be 'centred' or 'standardised'"):
+        get_credit_rule("prover", continue_fn=conts, propose=lambda t, m, f: (None, ""), base_scale="zscore")
 
 
 def test_a_custom_proposers_segment_is_validated_too():
     conts = FakeContinuations({})
-    rule = ProVerRule(conts, lambda traj, max_len: (Segment(2, 3), "ok"))  # 3 is the final step
+    rule = ProVerRule(conts, lambda traj, max_len, failures: (Segment(2, 3), "ok"))  # 3 is the final step
     group = [_traj(3, True), _traj(3, False), _traj(3, False)]
     assert rule(group, GroupScore(), [1.0, -0.5, -0.5])[0] == pytest.approx([2 / 3] * 3)  # 1 - 1/3, no bonus
     assert rule.stats["no_segment"] == 1 and "final step 3" in rule.last["proposal"] and conts.calls == []
@@ -205,7 +206,7 @@ def test_ineligible_groups_cost_nothing():
     def never(*args):
         raise AssertionError("no continuations for an ineligible group")
 
-    rule = ProVerRule(never, lambda t, m: (Segment(1, 1), "ok"))
+    rule = ProVerRule(never, lambda t, m, f: (Segment(1, 1), "ok"))
     for successes, base in (([True, True, False, False], [0.5, 0.5, -0.5, -0.5]), ([False] * 4, [0.0] * 4),
                             ([True] * 4, [0.0] * 4)):
         group = [_traj(3, s) for s in successes]
@@ -214,15 +215,15 @@ def test_ineligible_groups_cost_nothing():
 
 
 def test_rule_input_errors_name_the_field():
-    rule = ProVerRule(FakeContinuations({}), lambda t, m: (None, "x"))
+    rule = ProVerRule(FakeContinuations({}), lambda t, m, f: (None, "x"))
     bad = _traj(3, True).model_copy(update={"metrics": {}})
     with pytest.raises(ValueError, match=r"trajectories\[0\].metrics\['success'\]"):
         rule([bad], GroupScore(), [0.0])
     # an episode the trainer cut short (token budget, crash) was never evaluated: a failure
     cut = bad.model_copy(update={"termination": "length"})
     assert rule([cut, _traj(3, False)], GroupScore(), [0.0, 0.0]) == [[0.0] * 3, [0.0] * 3]
-    with pytest.raises(ValueError, match="K must be"):
-        ProVerRule(FakeContinuations({}), lambda t, m: (None, "x"), K=0)
+    with pytest.raises(ValueError, match="K: Input should be greater than or equal to 1"):
+        get_credit_rule("prover", continue_fn=FakeContinuations({}), propose=lambda t, m, f: (None, "x"), K=0)
     assert "prover" in CREDIT_RULES
     with pytest.raises(ValueError, match="continue_fn"):
         get_credit_rule("prover")
@@ -335,7 +336,7 @@ def test_failed_restarts_and_one_step_successes_cost_the_bonus_not_the_run():
     def broken(task_id, prefix, k):
         raise RuntimeError("sandbox died")
 
-    rule = ProVerRule(broken, lambda t, m: (Segment(1, 1), "ok"))
+    rule = ProVerRule(broken, lambda t, m, f: (Segment(1, 1), "ok"))
     group = [_traj(3, True), _traj(3, False), _traj(3, False)]
     out = rule(group, GroupScore(), [1.0, -0.5, -0.5])
     assert [a for per_step in out for a in per_step] == pytest.approx([2 / 3] * 3 + [-1 / 3] * 6)  # the base, no bonus

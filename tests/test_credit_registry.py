@@ -28,7 +28,7 @@ OPTIONS = {
     "trca": {"context_key": "index", "lam": 0.8, "gamma": 0.95},
     "trace": {"scorer": lambda traj: [-2.0, -1.5, -1.0, -0.5], "K": 3, "gamma": 0.8},
     "prover": {"continue_fn": lambda task_id, prefix, k: [float(len(prefix) >= 2)] * k,
-               "propose": lambda traj, max_len: (Segment(2, 2), "ok"), "K": 2},
+               "propose": lambda traj, max_len, failures: (Segment(2, 2), "ok"), "K": 2},
 }
 
 
@@ -60,28 +60,39 @@ def test_trainer_config_selects_each_rule(name):
 def test_each_rule_is_registered_where_it_is_defined(name):
     """The decorator sits on the rule's own factory, in the rule's own module."""
     entry = CREDIT_RULES.get(name)
-    assert entry.__module__ == f"draco_gym.algos.credit.{name}" and entry.__name__ == f"{name}_rule"
+    assert entry.factory.__module__ == f"draco_gym.algos.credit.{name}" and entry.factory.__name__ == f"{name}_rule"
+    assert entry.spec.options.__module__ == f"draco_gym.algos.credit.{name}"
 
 
 def test_a_rule_registers_with_the_decorator(monkeypatch):
     """A new rule joins by decorator, gets the group check and the step boundary, and its
     factory is returned unwrapped; a second rule under a taken name is refused."""
-    from draco_gym.algos.credit import credit_rule
+    from draco_gym.algos.credit import Need, RuleOptions, credit_rule, option
 
     monkeypatch.setattr(CREDIT_RULES, "_entries", dict(CREDIT_RULES._entries))
 
-    @credit_rule("last_step_only", reads_scores=True)
-    def last_step_only(scale: float = 1.0):
-        return lambda trajs, group, adv: [[0.0] * (len(t.steps) - 1) + [scale * a] for t, a in zip(trajs, adv)]
+    class LastStepOptions(RuleOptions):
+        scale: float = option(1.0, "ours", "the last step's share of A_i")
+
+    @credit_rule("last_step_only", LastStepOptions, needs={Need.REWARD_ADVANTAGE, Need.VERDICTS})
+    def last_step_only(options: LastStepOptions):
+        return lambda trajs, group, adv: [[0.0] * (len(t.steps) - 1) + [options.scale * a] for t, a in zip(trajs, adv)]
 
     trajs, group = _group()
     assert get_credit_rule("last_step_only", scale=2.0)(trajs, group, [1.0, -0.5, -0.5]) == [
         [0.0, 0.0, 2.0], [0.0, 0.0, -1.0], [0.0, 0.0, -1.0]]
-    assert last_step_only()(trajs, group, [1.0, 0.0, 0.0])[0] == [0.0, 0.0, 1.0]  # the factory itself, unwrapped
+    # the factory itself, unwrapped
+    assert last_step_only(LastStepOptions())(trajs, group, [1.0, 0.0, 0.0])[0] == [0.0, 0.0, 1.0]
     with pytest.raises(ValueError, match="group sizes differ: 3 trajectories, 2 advantages, 3 scores"):
         get_credit_rule("last_step_only")(trajs, group, [1.0, -1.0])
     with pytest.raises(ValueError, match="'draco' is already registered"):
-        credit_rule("draco")(last_step_only)
+        credit_rule("draco", LastStepOptions, needs=())(last_step_only)
+
+    class Unlabelled(RuleOptions):
+        scale: float = 1.0
+
+    with pytest.raises(TypeError, match="Unlabelled.scale: declare it with credit.spec.option"):
+        credit_rule("unlabelled", Unlabelled, needs=())
 
 
 def test_unknown_rule_names_the_known_ones():
@@ -114,6 +125,7 @@ def test_trainer_supplies_what_only_it_has():
     assert grpo.GRPO.credit_options(algo("trace", {}))["reference_model"] == "/models/base"
     assert grpo.GRPO.credit_options(algo("trace", {"reference_model": "/ref"}))["reference_model"] == "/ref"
     assert grpo.GRPO.credit_options(algo("trca", {"lam": 0.5})) == {"lam": 0.5}
+    assert grpo.GRPO.credit_options(algo("draco", {})) == {}
 
 
 @pytest.mark.parametrize("name", ["trca", "trace", "prover"])

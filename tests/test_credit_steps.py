@@ -347,7 +347,7 @@ def _prover_traj(n_steps: int, success: bool, tag: str) -> Trajectory:
 
 
 def test_prover_shows_the_judge_the_failed_rollouts_beside_the_shortest_success():
-    from draco_gym.algos.credit.prover import JudgeSegmentProposer, ProVerRule
+    from draco_gym.algos.credit.prover import JudgeSegmentProposer, ProVerOptions, ProVerRule
 
     seen = []
 
@@ -357,7 +357,7 @@ def test_prover_shows_the_judge_the_failed_rollouts_beside_the_shortest_success(
 
     group = [_prover_traj(5, False, "lost"), _prover_traj(4, True, "won"), _prover_traj(3, False, "gave_up"),
              _prover_traj(6, False, "looped"), _prover_traj(2, False, "guessed")]  # rate 0.2: eligible
-    rule = ProVerRule(lambda task_id, prefix, k: [0.0] * k, JudgeSegmentProposer(judge), K=2)
+    rule = ProVerRule(lambda task_id, prefix, k: [0.0] * k, JudgeSegmentProposer(judge), ProVerOptions(K=2))
     rule(group, GroupScore(), [0.0] * 5)
     system, user = seen[0][0]["content"], seen[0][1]["content"]
     assert "Failed attempts at the same task" in system
@@ -368,12 +368,12 @@ def test_prover_shows_the_judge_the_failed_rollouts_beside_the_shortest_success(
 
 
 def test_a_two_argument_proposer_still_works():
-    from draco_gym.algos.credit.prover import ProVerRule
+    from draco_gym.algos.credit.prover import ProVerOptions, ProVerRule
     from draco_gym.reward.stages import Segment
 
     group = [_prover_traj(4, True, "won"), _prover_traj(4, False, "a"), _prover_traj(4, False, "b")]
-    rule = ProVerRule(lambda task_id, prefix, k: [len(prefix) / 4] * k, lambda traj, max_len: (Segment(2, 3), "ok"),
-                      K=2)
+    rule = ProVerRule(lambda task_id, prefix, k: [len(prefix) / 4] * k, lambda traj, max_len, failures: (Segment(2, 3), "ok"),
+                      ProVerOptions(K=2))
     # base 1 - 1/3 = 2/3 (the centred outcome); Delta = mean(post after step 3) - mean(pre after
     # step 1) = 3/4 - 1/4 = 0.5 on steps 2..3
     assert rule(group, GroupScore(), [1.0, -0.5, -0.5])[0] == pytest.approx([2 / 3, 2 / 3 + 0.5, 2 / 3 + 0.5, 2 / 3])

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from draco_gym.algos.credit import CREDIT_RULES, get_credit_rule
-from draco_gym.algos.credit.trace import TraceParams, trace_credit, trace_turn_rewards, trace_values
+from draco_gym.algos.credit.trace import TraceOptions, trace_credit, trace_turn_rewards, trace_values
 from draco_gym.types import GroupScore, Step, Task, Trajectory
 
 # Hand example, T = 4 steps, eps = 0.1, K = 3, gamma = 0.8, lambda_term = 2, A_out = 1; the
@@ -42,7 +42,7 @@ def test_credit_by_hand():
 
 def test_flat_reference_gives_outcome_only():
     # the reference never changes its mind: every delta is 0, only the outcome terms remain
-    params = TraceParams(K=2, gamma=0.5, lambda_term=1.0, alpha_out=1.0, alpha_turn=1.0)
+    params = TraceOptions(K=2, gamma=0.5, lambda_term=1.0, alpha_out=1.0, alpha_turn=1.0)
     # T = 3: steps 2 and 3 reach the end (k + K - 1 >= 3): fills 0.5^2 and 0.5^1 of 2.0
     assert trace_credit([-1.0] * 4, 2.0, params) == pytest.approx([2.0, 2.0 + 0.5, 2.0 + 1.0])
 
@@ -58,7 +58,7 @@ def test_window_is_truncated_at_k():
 @given(st.lists(st.floats(-20, 0), min_size=2, max_size=12), st.floats(-3, 3), st.integers(1, 5))
 def test_affine_in_the_outcome_advantage(logprobs, a_out, K):
     # a_k(A) = a_k(0) + A * (alpha_out + alpha_turn * lambda_term * gamma^(T-k+1) [k + K - 1 >= T])
-    p = TraceParams(K=K)
+    p = TraceOptions(K=K)
     T = len(logprobs) - 1
     base, moved = trace_credit(logprobs, 0.0, p), trace_credit(logprobs, a_out, p)
     for k in range(1, T + 1):
@@ -75,7 +75,7 @@ def test_bad_logprobs(bad, match):
 @pytest.mark.parametrize("field, value", [("eps", 0.0), ("K", 0), ("gamma", 1.5), ("alpha_turn", math.inf)])
 def test_bad_params_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
-        TraceParams(**{field: value})
+        TraceOptions(**{field: value})
 
 
 def test_registry_needs_a_reference():

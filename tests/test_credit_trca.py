@@ -256,7 +256,7 @@ def test_options_are_declared_with_whose_number_they_are():
     from draco_gym.algos.config import schema_text
 
     text = schema_text(TRCAOptions)
-    assert "context_key: state  # which steps are compared: state (paper" in text
+    assert "context_key: state  # paper: which steps are compared: state (the env" in text
     assert "index (the turn number)" in text and "gamma: 0.95  # paper" in text
-    with pytest.raises(ValueError, match=r"trca credit options: episode_advantage: Input should be 'outcome' or 'reward' \(got 'rubric'\)"):
+    with pytest.raises(ValueError, match=r"credit 'trca' options: episode_advantage: Input should be 'outcome' or 'reward' \(got 'rubric'\)"):
         get_credit_rule("trca", episode_advantage="rubric")

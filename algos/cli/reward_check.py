@@ -12,7 +12,6 @@ ProVer's base advantage) sees it there, whatever the reward.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from draco_gym.types import Step, Task, Trajectory
@@ -86,15 +85,14 @@ def outcome_blind(name: str, options: dict) -> bool | None:
 
 
 def credit_reads_outcome(credit) -> bool:
-    """Whether the credit rule builds on the outcome's advantage: a ``base_advantage`` or
-    ``episode_advantage`` option that is (or defaults to) "outcome"."""
-    from draco_gym.algos.credit import CREDIT_RULES
+    """Whether the credit rule sees the outcome: it reads it itself (``Need.OUTCOME``) or builds
+    on the outcome reward's advantage (``Need.OUTCOME_REWARD``), as it declares."""
+    from draco_gym.algos.credit import Need, credit_spec
 
     if not isinstance(credit.name, str):
         return False
-    params = inspect.signature(CREDIT_RULES.get(credit.name)).parameters
-    return any(option in params and credit.options.get(option, params[option].default) == "outcome"
-               for option in ("base_advantage", "episode_advantage"))
+    spec = credit_spec(credit.name)
+    return bool({Need.OUTCOME, Need.OUTCOME_REWARD} & spec.needs(spec.parse(credit.options)[0]))
 
 
 def outcome_blind_warning(config) -> str | None:

@@ -12,14 +12,16 @@ an iteration's groups. One module per rule, each registering itself with ``@cred
 ``prover.py``; what they share is in ``core.py``.
 
 A credit step is one code block (the paper's step): what a turn without code gets is
-``core.TURNS_WITHOUT_CODE``'s choice. Each rule's module states, value by value, whether it
-is the paper's, a reference implementation's or ours.
+``core.TurnsWithoutCode``'s choice. Each rule declares, where it is defined, what it needs from
+the trainer and its options, each default labelled as the paper's, a reference
+implementation's or ours (``spec.py``); ``credit_spec(name)`` reads the declaration.
 
 Pure Python and numpy: importing this package never imports torch.
 """
 
 from draco_gym.algos.credit.core import CreditRule, group_advantages, token_advantages
-from draco_gym.algos.credit.registry import CREDIT_RULES, credit_rule, get_credit_rule
+from draco_gym.algos.credit.registry import CREDIT_RULES, credit_rule, credit_spec, get_credit_rule
+from draco_gym.algos.credit.spec import CreditSpec, Need, RuleOptions, option
 
 # Each rule module registers its rule on import.
 from draco_gym.algos.credit.uniform import uniform_credit
@@ -30,13 +32,18 @@ from draco_gym.algos.credit.apply import CreditedBatch, apply_credit
 __all__ = [
     "CREDIT_RULES",
     "CreditRule",
+    "CreditSpec",
     "CreditedBatch",
+    "Need",
+    "RuleOptions",
     "apply_credit",
     "credit_rule",
+    "credit_spec",
     "draco_credit",
     "get_credit_rule",
     "group_advantages",
     "step_quality",
+    "option",
     "token_advantages",
     "uniform_credit",
 ]

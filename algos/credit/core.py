@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
 import numpy as np
 
@@ -79,29 +79,26 @@ def check_counts(values: Sequence[int], name: str, length: int | None = None) ->
 
 # -- where a rule's base advantage comes from ---------------------------------------------------
 
-BASE_ADVANTAGES = ("outcome", "reward")
-"""A rule whose factory takes ``base_advantage`` (TRACE's A_out, ProVer's GRPO advantage)
-builds on the group advantage of the environment's verifiable outcome in its paper
-("outcome", the default); "reward" says on purpose that it builds on whatever reward the run
-uses. The run config refuses "outcome" with a reward other than ``outcome``."""
-
-
-def check_base_advantage(value: str) -> str:
-    if value not in BASE_ADVANTAGES:
-        raise ValueError(f"base_advantage must be one of {BASE_ADVANTAGES}, got {value!r}")
-    return value
+BaseAdvantage = Literal["outcome", "reward"]
+"""Where a rule with a ``base_advantage`` option (TRACE's A_out, ProVer's GRPO advantage) takes
+its base: the group advantage of the environment's verifiable outcome, as in its paper
+("outcome", the default), or, said on purpose, whatever reward the run uses ("reward"). The
+run config refuses "outcome" with a reward other than ``outcome`` (``Need.OUTCOME_REWARD``)."""
 
 
 # -- which turns are credit steps ------------------------------------------------------------
 
-TURNS_WITHOUT_CODE = ("trajectory", "attach", "gap")
+TurnsWithoutCode = Literal["trajectory", "attach", "gap"]
 """What credit does with a turn that has no code block (the closing message, ...):
 "trajectory": it is no credit step, its tokens get the trajectory's A_i, as in GRPO (the
 paper's step is one code block; the default); "attach": its tokens and the verdicts citing it
 join the preceding code step (a turn before any code step still gets A_i); "gap": its tokens
 are gap tokens and get advantage 0, the paper's letter (a token in no step gets no credit),
 so a trajectory without any code step is not trained on at all. Under "trajectory" and
-"gap" a verdict's citation of such a turn reaches no step (``uncredited_citations``)."""
+"gap" a verdict's citation of such a turn reaches no step (``uncredited_citations``). The run
+schema's ``credit.turns_without_code`` is this same type."""
+
+TURNS_WITHOUT_CODE: tuple[str, ...] = get_args(TurnsWithoutCode)
 
 
 def credit_owners(trajectory: Trajectory, turns_without_code: str = "trajectory") -> list[int | None]:

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from draco_gym.algos.credit.core import CreditRule, check_counts, check_finite
 from draco_gym.algos.credit.registry import credit_rule
+from draco_gym.algos.credit.spec import Need, RuleOptions
 from draco_gym.algos.credit.uniform import uniform_credit
 
 
@@ -70,8 +71,12 @@ def draco_credit(
     return [advantage * total_tokens * wj / (nj * weight_sum) if nj > 0 else 0.0 for wj, nj in zip(w, n)]
 
 
-@credit_rule("draco", reads_scores=True)
-def draco_rule() -> CreditRule:
+class DracoOptions(RuleOptions):
+    """DRACO's closed form has no free value: it takes no options."""
+
+
+@credit_rule("draco", DracoOptions, needs={Need.REWARD_ADVANTAGE, Need.VERDICTS})
+def draco_rule(options: DracoOptions) -> CreditRule:
     """DRACO: the trajectory's advantage redistributed by the step quality of the surviving
     verdicts that cite each step (``draco_credit``)."""
 

@@ -29,11 +29,16 @@ Whose is each value (paper: the ProVer paper, as DESIGN.md reads it; ours: this 
 
     eligibility 0 < success rate < 0.5, strictly                            paper
     tau*, the shortest successful rollout (the first one on a tie)          paper (tie: ours)
-    a segment of at most 4 action turns, never the terminal turn            paper
+    a segment of action turns, never the terminal turn                      paper
+    at most 4 action turns                                                  ours (the paper
+        gives no length; ``max_segment_len``)
     the judge sees tau* and the group's failed rollouts                     paper
-    K = 8 continuations from each boundary, with the current policy         paper
+    K continuations from each boundary, with the current policy             paper
+    K = 8                                                                   ours (the paper
+        gives no K)
     Delta = mean(R_post) - mean(R_pre); bonus lambda * Delta only if > 0    paper
-    lambda = 1                                                              paper
+    lambda = 1                                                              ours (the paper
+        gives no lambda)
     A_i from binary success (``metrics["success"]``)                        paper
     A_i = R_i - mean R, not divided by the std                              paper, as a
         write-up of it reads it ("the group's mean-centred outcome reward as the advantage");
@@ -58,10 +63,11 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
-from draco_gym.algos.credit.core import CreditRule, check_base_advantage, group_advantages, outcome_number
+from draco_gym.algos.credit.core import BaseAdvantage, CreditRule, group_advantages, outcome_number
 from draco_gym.algos.credit.registry import credit_rule
+from draco_gym.algos.credit.spec import Need, RuleOptions, option
 from draco_gym.reward import stages
 from draco_gym.reward.base import run_sync
 from draco_gym.reward.judge_client import JudgeClient, StageFailed, UsageMeter, as_client
@@ -72,6 +78,7 @@ from draco_gym.types import GroupScore, Termination, Trajectory
 __all__ = [
     "EnvContinuations",
     "JudgeSegmentProposer",
+    "ProVerOptions",
     "ProVerRule",
     "Segment",
     "apply_segment_bonus",
@@ -86,6 +93,42 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ContinueFn = Callable[[str, list[str], int], Sequence[float]]
+Proposer = Callable[[Trajectory, int, Sequence[Trajectory]], tuple[Segment | None, str]]
+
+
+# -- the options ----------------------------------------------------------------------------
+
+
+class ProVerOptions(RuleOptions):
+    """ProVer's options (``credit.options`` of a run config), each labelled with whose value its
+    default is."""
+
+    K: int = option(8, "ours", "continuations from each boundary (the paper gives no K)", ge=1, strict=True)
+    lam: float = option(1.0, "ours", "the bonus lam * Delta on the segment when Delta > 0 (the paper gives no "
+                                     "lambda)", ge=0, allow_inf_nan=False)
+    max_segment_len: int = option(4, "ours", "the segment's most action turns; never the terminal turn (the paper "
+                                             "gives no length)", ge=1, strict=True)
+    base_advantage: BaseAdvantage = option(
+        "outcome", "paper", "A_i from binary success (reward: the run's reward's, on purpose)")
+    base_scale: Literal["centred", "standardised"] = option(
+        "centred", "paper", "A_i = R_i - mean R, as a write-up of the paper reads it (standardised: GRPO's "
+                            "(R - mean) / std)")
+    outcome_key: str = option("success", "ours", "the Trajectory.metrics entry that means success (eligibility, "
+                                                 "continuations)")
+    judge: Any = option(None, "ours", "the judge proposing the segment: a registered judge's name (with "
+                                      "judge_options) or a reward-layer Judge")
+    judge_options: dict[str, Any] | None = option(None, "ours", "the named judge's options")
+    max_repairs: int = option(2, "ours", "re-asks of the judge after an invalid segment", ge=0, strict=True)
+
+
+DEFAULTS = ProVerOptions()
+
+
+def prover_needs(options: ProVerOptions) -> set[Need]:
+    """Continuations of the current policy and the outcome; the base from the outcome reward
+    unless ``base_advantage: reward``."""
+    base = Need.OUTCOME_REWARD if options.base_advantage == "outcome" else Need.REWARD_ADVANTAGE
+    return {Need.CONTINUATIONS, Need.OUTCOME, base}
 
 
 # -- the rule's arithmetic -----------------------------------------------------------------
@@ -135,7 +178,8 @@ def prover_delta(pre_outcomes: Sequence[float], post_outcomes: Sequence[float]) 
     return sum(map(float, post_outcomes)) / len(post_outcomes) - sum(map(float, pre_outcomes)) / len(pre_outcomes)
 
 
-def apply_segment_bonus(step_advantages: Sequence[float], segment: Segment, delta: float, lam: float = 1.0) -> list[float]:
+def apply_segment_bonus(step_advantages: Sequence[float], segment: Segment, delta: float,
+                        lam: float = DEFAULTS.lam) -> list[float]:
     """a_j + lambda * Delta on the segment's steps when Delta > 0; unchanged otherwise."""
     out = [float(a) for a in step_advantages]
     if not 1 <= segment.start <= segment.end <= len(out):
@@ -159,7 +203,7 @@ class JudgeSegmentProposer:
     (``{"name": "openai", ...}``) or any function ``judge(messages) -> text`` (sync or async).
     """
 
-    def __init__(self, judge: Any, *, max_repairs: int = 2, max_step_chars: int = 1500,
+    def __init__(self, judge: Any, *, max_repairs: int = DEFAULTS.max_repairs, max_step_chars: int = 1500,
                  temperature: float = 0.1, max_tokens: int = 256, retries: int = 1) -> None:
         if isinstance(max_repairs, bool) or not isinstance(max_repairs, int) or max_repairs < 0:
             raise ValueError(f"max_repairs must be an integer >= 0, got {max_repairs!r}")
@@ -201,65 +245,34 @@ def _outcome(traj: Trajectory, key: str, i: int) -> float:
     return outcome_number(traj, key, i)
 
 
-def _takes_failures(propose: Callable) -> bool:
-    import inspect
-
-    try:
-        params = inspect.signature(propose).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in params)
-
-
 class ProVerRule:
-    """The ``prover`` credit rule (see the module docstring).
+    """The ``prover`` credit rule (see the module docstring) with ``options``.
 
     ``continue_fn(task_id, prefix_messages, k)`` returns k outcomes of the current policy from
-    the restored prefix; ``propose(trajectory, max_len[, failures])`` returns (Segment or
-    None, reason), e.g. a ``JudgeSegmentProposer``; a proposer that takes a third argument
-    gets the group's failed rollouts. ``stats`` counts what happened to each group, so an
-    inert rule is visible in the metrics rather than silent.
+    the restored prefix; ``propose(trajectory, max_len, failures)`` returns (Segment or None,
+    reason) for the shortest success given the group's failed rollouts, e.g. a
+    ``JudgeSegmentProposer``. ``stats`` counts what happened to each group, so an inert rule
+    is visible in the metrics rather than silent.
 
     The base A_i comes from the outcomes (``base_advantage="outcome"``, ``base_scale``
     "centred": R_i - mean R) or, with ``base_advantage="reward"``, from the run's reward
     (centred: R_i - mean R of ``group.rewards``; standardised: the advantages handed in).
     """
 
-    def __init__(
-        self,
-        continue_fn: ContinueFn,
-        propose: Callable[[Trajectory, int], tuple[Segment | None, str]],
-        *,
-        K: int = 8,
-        lam: float = 1.0,
-        max_segment_len: int = 4,
-        outcome_key: str = "success",
-        base_advantage: str = "outcome",
-        base_scale: str = "centred",
-    ) -> None:
-        check_base_advantage(base_advantage)
-        if base_scale not in BASE_SCALES:
-            raise ValueError(f"base_scale must be one of {BASE_SCALES}, got {base_scale!r}")
+    def __init__(self, continue_fn: ContinueFn, propose: Proposer, options: ProVerOptions = DEFAULTS) -> None:
         if not callable(continue_fn):
             raise ValueError("continue_fn must be callable: (task_id, prefix_messages, k) -> outcomes")
         if not callable(propose):
-            raise ValueError("propose must be callable: (trajectory, max_len) -> (segment, reason)")
-        if isinstance(K, bool) or not isinstance(K, int) or K < 1:
-            raise ValueError(f"K must be a positive integer, got {K!r}")
-        if not (math.isfinite(lam) and lam >= 0):
-            raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
-        if isinstance(max_segment_len, bool) or not isinstance(max_segment_len, int) or max_segment_len < 1:
-            raise ValueError(f"max_segment_len must be a positive integer, got {max_segment_len!r}")
+            raise ValueError("propose must be callable: (trajectory, max_len, failures) -> (segment, reason)")
         self.continue_fn = continue_fn
         self.propose = propose
-        self._shows_failures = _takes_failures(propose)
-        self.K = K
-        self.lam = lam
-        self.max_segment_len = max_segment_len
-        self.outcome_key = outcome_key
-        self.base_advantage = base_advantage
-        self.base_scale = base_scale
+        self.options = options
+        self.K = options.K
+        self.lam = options.lam
+        self.max_segment_len = options.max_segment_len
+        self.outcome_key = options.outcome_key
+        self.base_advantage = options.base_advantage
+        self.base_scale = options.base_scale
         self.stats: Counter[str] = Counter()
         self.last: dict[str, Any] = {}
 
@@ -290,8 +303,7 @@ class ProVerRule:
             self.stats["too_short"] += 1
             return base
         failures = [t for t, s in zip(trajectories, successes) if s <= 0]
-        segment, reason = (self.propose(traj, self.max_segment_len, failures) if self._shows_failures
-                           else self.propose(traj, self.max_segment_len))
+        segment, reason = self.propose(traj, self.max_segment_len, failures)
         if segment is not None:  # a custom proposer gets the same checks as the judge's
             try:
                 segment = validate_segment(segment.start, segment.end, len(traj.steps), self.max_segment_len)
@@ -383,38 +395,22 @@ def env_runner_continuations(env_runner_group, *, outcome_key: str = "success", 
 
 # -- the registry entry --------------------------------------------------------------------
 
-@credit_rule("prover")
-def prover_rule(
-    *,
-    continue_fn: ContinueFn | None = None,
-    judge: Any = None,
-    judge_options: dict | None = None,
-    propose: Callable[[Trajectory, int], tuple[Segment | None, str]] | None = None,
-    K: int = 8,
-    lam: float = 1.0,
-    max_segment_len: int = 4,
-    max_repairs: int = 2,
-    outcome_key: str = "success",
-    base_advantage: str = "outcome",
-    base_scale: str = "centred",
-) -> CreditRule:
-    """ProVer: ``continue_fn`` from the trainer (see the module docstring) and a ``judge``
-    (a reward-layer ``Judge``, or its registered name with ``judge_options``, as a YAML config
-    gives it) wrapped in a ``JudgeSegmentProposer``, or a ready ``propose``. The advantages
-    base is the outcome's (``base_advantage="outcome"``, the paper's, binary success), or by
-    choice the run's reward's ("reward"); ``base_scale`` "centred" (R_i - mean R, the
-    paper's) or "standardised" (GRPO's A_i)."""
-    check_base_advantage(base_advantage)
+@credit_rule("prover", ProVerOptions, needs=prover_needs, inputs=("continue_fn", "propose"))
+def prover_rule(options: ProVerOptions, *, continue_fn: ContinueFn | None = None,
+                propose: Proposer | None = None) -> CreditRule:
+    """ProVer: ``continue_fn`` from the trainer (see the module docstring) and the options'
+    ``judge`` (a reward-layer ``Judge``, or its registered name with ``judge_options``, as a
+    YAML config gives it) wrapped in a ``JudgeSegmentProposer``, or a ready ``propose``."""
     if continue_fn is None:
         raise ValueError("prover needs continue_fn=(task_id, prefix_messages, k) -> outcomes, "
                          "continuations of the current policy (the trainer's env runner provides it)")
     if propose is None:
+        judge = options.judge
         if judge is None:
             raise ValueError("prover needs judge= (proposes the pivotal segment) or propose=")
         if isinstance(judge, str):
             from draco_gym.reward import build_judge
 
-            judge = build_judge(judge, **(judge_options or {}))
-        propose = JudgeSegmentProposer(judge, max_repairs=max_repairs)
-    return ProVerRule(continue_fn, propose, K=K, lam=lam, max_segment_len=max_segment_len, outcome_key=outcome_key,
-                      base_advantage=base_advantage, base_scale=base_scale)
+            judge = build_judge(judge, **(options.judge_options or {}))
+        propose = JudgeSegmentProposer(judge, max_repairs=options.max_repairs)
+    return ProVerRule(continue_fn, propose, options)

@@ -58,40 +58,51 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import Any
 
-from draco_gym.algos.credit.core import CreditRule, check_base_advantage
+from draco_gym.algos.credit.core import BaseAdvantage, CreditRule
 from draco_gym.algos.credit.registry import credit_rule
+from draco_gym.algos.credit.spec import Need, RuleOptions, option
 from draco_gym.types import Step, Task, Trajectory
 
-__all__ = ["ReferenceScorer", "TraceParams", "trace_credit", "trace_turn_rewards", "trace_values"]
+__all__ = ["ReferenceScorer", "TraceOptions", "trace_credit", "trace_turn_rewards", "trace_values"]
 
 
-@dataclass(frozen=True)
-class TraceParams:
-    """TRACE's hyperparameters; the defaults are the reference implementation's (see the module
-    docstring), not values the paper's text gives."""
+class TraceOptions(RuleOptions):
+    """TRACE's options (``credit.options`` of a run config), each labelled with whose value its
+    default is; the formula's constants are the reference implementation's, not values the
+    paper's text gives."""
 
-    eps: float = 0.1
-    K: int = 3
-    gamma: float = 0.8
-    lambda_term: float = 2.0
-    alpha_out: float = 1.0
-    alpha_turn: float = 0.2
+    eps: float = option(0.1, "reference", "d_k = -l_k + eps keeps the distance to the answer > 0",
+                        gt=0, allow_inf_nan=False)
+    K: int = option(3, "reference", "the window of TD deltas a step is credited with", ge=1, strict=True)
+    gamma: float = option(0.8, "reference", "discount inside the window and of the terminal fill", gt=0, le=1)
+    lambda_term: float = option(2.0, "reference", "terminal fill lambda_term * gamma^(T-k+1) * A_out",
+                                allow_inf_nan=False)
+    alpha_out: float = option(1.0, "reference", "a_k = alpha_out * A_out + alpha_turn * r_k", allow_inf_nan=False)
+    alpha_turn: float = option(0.2, "reference", "a_k = alpha_out * A_out + alpha_turn * r_k", allow_inf_nan=False)
+    base_advantage: BaseAdvantage = option(
+        "outcome", "paper", "A_out is the outcome's group advantage (reward: the run's reward's A_i, on purpose)")
+    reference_model: Any = option(
+        None, "ours", "the frozen reference: a path or a loaded HF causal LM; null: the trainer's base model, the "
+                      "initial policy (the paper leaves the reference open)")
+    answer_key: str = option("answer", "ours", "the task.metadata entry holding the gold answer")
+    batch_size: int = option(8, "ours", "step prefixes per teacher-forced pass of the reference", ge=1)
+    max_length: int = option(4096, "ours", "prefix tokens the reference reads; longer prefixes lose their oldest "
+                                           "(left truncation), never the answer", ge=2)
 
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.eps) and self.eps > 0):
-            raise ValueError(f"eps must be > 0, got {self.eps!r}")
-        if isinstance(self.K, bool) or not isinstance(self.K, int) or self.K < 1:
-            raise ValueError(f"K must be a positive integer, got {self.K!r}")
-        if not 0.0 < self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in (0, 1], got {self.gamma!r}")
-        for name in ("lambda_term", "alpha_out", "alpha_turn"):
-            if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"{name} must be finite, got {getattr(self, name)!r}")
+
+DEFAULTS = TraceOptions()
 
 
-def trace_values(answer_logprobs: Sequence[float], eps: float = 0.1) -> list[float]:
+def trace_needs(options: TraceOptions) -> set[Need]:
+    """A frozen reference and the gold answer; A_out from the outcome reward unless
+    ``base_advantage: reward``."""
+    base = Need.OUTCOME_REWARD if options.base_advantage == "outcome" else Need.REWARD_ADVANTAGE
+    return {Need.BASE_POLICY, Need.GOLD_ANSWER, base}
+
+
+def trace_values(answer_logprobs: Sequence[float], eps: float = DEFAULTS.eps) -> list[float]:
     """V_k = log(d_0 / d_k) with d_k = -l_k + eps, for k = 0..T (so V_0 = 0)."""
     if len(answer_logprobs) < 1:
         raise ValueError("answer_logprobs must hold l_0 (before any step) and one value per step")
@@ -104,7 +115,7 @@ def trace_values(answer_logprobs: Sequence[float], eps: float = 0.1) -> list[flo
     return [math.log(d[0] / d_k) for d_k in d]
 
 
-def trace_turn_rewards(values: Sequence[float], outcome_advantage: float, params: TraceParams = TraceParams()) -> list[float]:
+def trace_turn_rewards(values: Sequence[float], outcome_advantage: float, params: TraceOptions = DEFAULTS) -> list[float]:
     """r_k for steps k = 1..T from V_0..V_T (see the module docstring)."""
     T = len(values) - 1
     K, gamma = params.K, params.gamma
@@ -120,7 +131,7 @@ def trace_turn_rewards(values: Sequence[float], outcome_advantage: float, params
     return rewards
 
 
-def trace_credit(answer_logprobs: Sequence[float], outcome_advantage: float, params: TraceParams = TraceParams()) -> list[float]:
+def trace_credit(answer_logprobs: Sequence[float], outcome_advantage: float, params: TraceOptions = DEFAULTS) -> list[float]:
     """a_k = alpha_out * A_out + alpha_turn * r_k for one trajectory of T steps, given
     l_0..l_T (T + 1 values)."""
     a_out = float(outcome_advantage)
@@ -163,11 +174,11 @@ class ReferenceScorer:
         model,
         tokenizer=None,
         *,
-        answer_key: str = "answer",
+        answer_key: str = DEFAULTS.answer_key,
         answer_prompt: str = "\n\nFinal answer: ",
         render: Callable[[Task, Sequence[Step]], str] = default_render,
-        batch_size: int = 8,
-        max_length: int = 4096,
+        batch_size: int = DEFAULTS.batch_size,
+        max_length: int = DEFAULTS.max_length,
         device: str | None = None,
     ) -> None:
         import torch
@@ -261,29 +272,14 @@ def _reference_scorer(model, tokenizer, answer_key: str, batch_size: int, max_le
 
 # -- the registry entry --------------------------------------------------------------------
 
-@credit_rule("trace")
-def trace_rule(
-    *,
-    scorer: Callable[[Trajectory], Sequence[float]] | None = None,
-    reference_model=None,
-    tokenizer=None,
-    answer_key: str = "answer",
-    batch_size: int = 8,
-    max_length: int = 4096,
-    eps: float = 0.1,
-    K: int = 3,
-    gamma: float = 0.8,
-    lambda_term: float = 2.0,
-    alpha_out: float = 1.0,
-    alpha_turn: float = 0.2,
-    base_advantage: str = "outcome",
-) -> CreditRule:
+@credit_rule("trace", TraceOptions, needs=trace_needs, inputs=("scorer", "tokenizer"))
+def trace_rule(options: TraceOptions, *, scorer: Callable[[Trajectory], Sequence[float]] | None = None,
+               tokenizer=None) -> CreditRule:
     """TRACE with l_0..l_T from ``scorer(trajectory)``, or from a ``ReferenceScorer`` over
-    ``reference_model`` (a loaded HF causal LM with ``tokenizer``, or a path), built on first
-    use. The advantages handed to the rule are A_out: the outcome's group advantage
+    ``options.reference_model`` (a loaded HF causal LM with ``tokenizer``, or a path), built
+    on first use. The advantages handed to the rule are A_out: the outcome's group advantage
     (``base_advantage="outcome"``, the paper's), or by choice the run's reward's ("reward")."""
-    check_base_advantage(base_advantage)
-    params = TraceParams(eps=eps, K=K, gamma=gamma, lambda_term=lambda_term, alpha_out=alpha_out, alpha_turn=alpha_turn)
+    reference_model = options.reference_model
     if scorer is None and reference_model is None:
         raise ValueError("trace needs a reference: pass scorer=(trajectory -> l_0..l_T) or reference_model=")
     if scorer is not None and not callable(scorer):
@@ -292,7 +288,8 @@ def trace_rule(
 
     def score(traj: Trajectory) -> list[float]:
         if state["scorer"] is None:
-            state["scorer"] = _reference_scorer(reference_model, tokenizer, answer_key, batch_size, max_length)
+            state["scorer"] = _reference_scorer(reference_model, tokenizer, options.answer_key, options.batch_size,
+                                                options.max_length)
         values = list(state["scorer"](traj))
         if len(values) != len(traj.steps) + 1:
             raise ValueError(f"the scorer returned {len(values)} log-probs for {len(traj.steps)} steps; expected {len(traj.steps) + 1}")
@@ -305,7 +302,7 @@ def trace_rule(
         if not code:
             return out
         logprobs = score(traj)
-        for k, a_k in zip(code, trace_credit([logprobs[0]] + [logprobs[k] for k in code], a_out, params)):
+        for k, a_k in zip(code, trace_credit([logprobs[0]] + [logprobs[k] for k in code], a_out, options)):
             out[k - 1] = a_k
         return out
 

@@ -57,10 +57,11 @@ from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import field_validator
 
 from draco_gym.algos.credit.core import CreditRule, group_advantages, outcome_number
 from draco_gym.algos.credit.registry import credit_rule
+from draco_gym.algos.credit.spec import Need, RuleOptions, option
 from draco_gym.types import STATE_KEY, GroupScore, Step, Task, Trajectory
 
 __all__ = [
@@ -74,6 +75,84 @@ __all__ = [
     "trca_credit",
     "trca_step_rewards",
 ]
+
+
+# -- context keys: which steps of a group count as comparable ------------------------------
+
+
+def _digest(text: str | None) -> str:
+    return hashlib.sha1((text or "").encode("utf-8", "replace")).hexdigest()[:16]
+
+
+def _answered(traj: Trajectory, step: Step) -> str:
+    """A digest of the observation the step answered (the agent prompt for step 1)."""
+    return _digest(traj.steps[step.index - 2].observation if step.index > 1 else traj.task.agent_prompt)
+
+
+def _state(traj: Trajectory, step: Step) -> Hashable:
+    key = step.info.get(STATE_KEY)
+    return ("state", key) if isinstance(key, str) else ("answered", _answered(traj, step))
+
+
+CONTEXT_KEYS: dict[str, Callable[[Trajectory, Step], Hashable]] = {
+    # the environment state the step was taken in (the paper's grouping, GiGPO's anchor
+    # states): Step.info["state_key"], or the observation it answered where the env names none
+    "state": _state,
+    # the same turn number across rollouts
+    "index": lambda traj, step: step.index,
+    # the same observation answered (the prompt for step 1)
+    "context": _answered,
+    # the same action: identical code, wherever it ran
+    "code": lambda traj, step: _digest(step.code),
+}
+
+
+# -- the options ---------------------------------------------------------------------------
+
+
+class TRCAOptions(RuleOptions):
+    """TRCA's options (``credit.options`` of a run config), each labelled with whose value its
+    default is."""
+
+    lam: float = option(0.8, "paper", "r = (1 - lam) r^F + lam r^B", ge=0, le=1)
+    gamma: float = option(0.95, "paper", "discount of the return of r_env + r_TRCA", ge=0, le=1)
+    step_weight: float = option(1.0, "ours", "a_t = A_i + step_weight * normalised return (the paper adds them)",
+                                allow_inf_nan=False)
+    context_key: str | Callable[[Trajectory, Step], Hashable] = option(
+        "state", "paper", "which steps are compared: state (the env's Step.info['state_key'], else the "
+                          "observation answered; GiGPO's anchor states), index (the turn number), context (the "
+                          "observation answered), code (identical code), or a callable (trajectory, step) -> key")
+    episode_advantage: Literal["outcome", "reward"] = option(
+        "outcome", "paper", "A_i from the outcome, 0 in a group with no success (reward: the reward's A_i)")
+    env_reward: Literal["outcome", "none"] = option(
+        "outcome", "ours", "r_env: the outcome at the last step, for envs whose Gymnasium reward is 0 (none: no r_env)")
+    outcome_key: str = option("success", "ours", "the Trajectory.metrics entry holding the outcome")
+    success_threshold: float = option(1.0, "ours", "a rollout succeeded when its outcome is at least this",
+                                      allow_inf_nan=False)
+
+    @field_validator("context_key")
+    @classmethod
+    def _known_key(cls, value):
+        if not callable(value) and value not in CONTEXT_KEYS:
+            raise ValueError(f"context_key must be a callable or one of {sorted(CONTEXT_KEYS)}, got {value!r}")
+        return value
+
+
+DEFAULTS = TRCAOptions()
+
+
+def trca_needs(options: TRCAOptions) -> set[Need]:
+    """The outcome where the episode advantage or r_env comes from it; the reward's A_i where
+    the episode advantage does."""
+    needs = set()
+    if "outcome" in (options.episode_advantage, options.env_reward):
+        needs.add(Need.OUTCOME)
+    if options.episode_advantage == "reward":
+        needs.add(Need.REWARD_ADVANTAGE)
+    return needs
+
+
+# -- the arithmetic ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -118,7 +197,7 @@ def _families_by_name(families: Sequence[RuleFamily]) -> dict[str, RuleFamily]:
 
 
 def trca_step_rewards(
-    hits: Sequence[StepHits], families: Sequence[RuleFamily] | None = None, lam: float = 0.8
+    hits: Sequence[StepHits], families: Sequence[RuleFamily] | None = None, lam: float = DEFAULTS.lam
 ) -> tuple[list[float], list[float], list[float]]:
     """Per-step (r^F, r^B, r) for one trajectory; ``hits[t]`` are the items step t+1 hit.
     ``families`` default to the reward layer's rule families."""
@@ -150,7 +229,7 @@ def trca_step_rewards(
     return r_f, r_b, r
 
 
-def discounted_returns(rewards: Sequence[float], gamma: float = 0.95) -> list[float]:
+def discounted_returns(rewards: Sequence[float], gamma: float = DEFAULTS.gamma) -> list[float]:
     """G_t = r_t + gamma * G_{t+1}, G_{T+1} = 0."""
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
@@ -190,9 +269,9 @@ def trca_credit(
     advantages: Sequence[float],
     keys: Sequence[Sequence[Hashable]] | None = None,
     families: Sequence[RuleFamily] | None = None,
-    lam: float = 0.8,
-    gamma: float = 0.95,
-    step_weight: float = 1.0,
+    lam: float = DEFAULTS.lam,
+    gamma: float = DEFAULTS.gamma,
+    step_weight: float = DEFAULTS.step_weight,
     env_rewards: Sequence[Sequence[float]] | None = None,
 ) -> list[list[float]]:
     """a_t = A_i + w * normalised R_t for every step of every trajectory of one group, with
@@ -228,43 +307,13 @@ def trca_credit(
     return out
 
 
-def outcome_advantages(outcomes: Sequence[float], success_threshold: float = 1.0) -> list[float]:
+def outcome_advantages(outcomes: Sequence[float], success_threshold: float = DEFAULTS.success_threshold) -> list[float]:
     """TRCA's episode advantage: the group-relative advantage of the outcome, and 0 for every
     rollout of a group where none succeeded (outcome >= ``success_threshold``), so partial
     outcomes (a share of tests passed) move nothing until some rollout succeeds."""
     if not any(o >= success_threshold for o in outcomes):
         return [0.0] * len(outcomes)
     return group_advantages(outcomes)
-
-
-# -- context keys: which steps of a group count as comparable ------------------------------
-
-
-def _digest(text: str | None) -> str:
-    return hashlib.sha1((text or "").encode("utf-8", "replace")).hexdigest()[:16]
-
-
-def _answered(traj: Trajectory, step: Step) -> str:
-    """A digest of the observation the step answered (the agent prompt for step 1)."""
-    return _digest(traj.steps[step.index - 2].observation if step.index > 1 else traj.task.agent_prompt)
-
-
-def _state(traj: Trajectory, step: Step) -> Hashable:
-    key = step.info.get(STATE_KEY)
-    return ("state", key) if isinstance(key, str) else ("answered", _answered(traj, step))
-
-
-CONTEXT_KEYS: dict[str, Callable[[Trajectory, Step], Hashable]] = {
-    # the environment state the step was taken in (the paper's grouping, GiGPO's anchor
-    # states): Step.info["state_key"], or the observation it answered where the env names none
-    "state": _state,
-    # the same turn number across rollouts
-    "index": lambda traj, step: step.index,
-    # the same observation answered (the prompt for step 1)
-    "context": _answered,
-    # the same action: identical code, wherever it ran
-    "code": lambda traj, step: _digest(step.code),
-}
 
 
 def _resolve_key(key: str | Callable[[Trajectory, Step], Hashable]) -> Callable[[Trajectory, Step], Hashable]:
@@ -310,59 +359,12 @@ def _outcome(traj: Trajectory, key: str, i: int) -> float:
 # -- the registry entry --------------------------------------------------------------------
 
 
-class TRCAOptions(BaseModel):
-    """TRCA's options (``credit.options`` of a run config), each with whose number it is."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
-
-    lam: float = Field(0.8, ge=0, le=1, description="paper: r = (1 - lam) r^F + lam r^B")
-    gamma: float = Field(0.95, ge=0, le=1, description="paper: discount of the return of r_env + r_TRCA")
-    step_weight: float = Field(1.0, allow_inf_nan=False,
-                               description="ours: a_t = A_i + step_weight * normalised return")
-    context_key: str | Callable[[Trajectory, Step], Hashable] = Field(
-        "state", description="which steps are compared: state (paper: the env's Step.info['state_key'], else the "
-                             "observation answered), index (the turn number), context (the observation answered), "
-                             "code (identical code), or a callable (trajectory, step) -> key")
-    episode_advantage: Literal["outcome", "reward"] = Field(
-        "outcome", description="A_i from the outcome, 0 in a group with no success (paper), or the reward's A_i")
-    env_reward: Literal["outcome", "none"] = Field(
-        "outcome", description="r_env: the outcome at the last step (ours, for envs whose Gymnasium reward is 0) or none")
-    outcome_key: str = Field("success", description="the Trajectory.metrics entry holding the outcome")
-    success_threshold: float = Field(1.0, allow_inf_nan=False,
-                                     description="ours: a rollout succeeded when its outcome is at least this")
-
-    @field_validator("context_key")
-    @classmethod
-    def _known_key(cls, value):
-        if not callable(value) and value not in CONTEXT_KEYS:
-            raise ValueError(f"context_key must be a callable or one of {sorted(CONTEXT_KEYS)}, got {value!r}")
-        return value
-
-
-@credit_rule("trca")
-def trca_rule(
-    *,
-    lam: float = 0.8,
-    gamma: float = 0.95,
-    step_weight: float = 1.0,
-    context_key: str | Callable[[Trajectory, Step], Hashable] = "state",
-    episode_advantage: str = "outcome",
-    env_reward: str = "outcome",
-    outcome_key: str = "success",
-    success_threshold: float = 1.0,
-    families: Sequence[RuleFamily] | None = None,
-    hits: Callable[[Trajectory], Sequence[StepHits]] | None = None,
-) -> CreditRule:
+@credit_rule("trca", TRCAOptions, needs=trca_needs, inputs=("families", "hits"))
+def trca_rule(options: TRCAOptions, *, families: Sequence[RuleFamily] | None = None,
+              hits: Callable[[Trajectory], Sequence[StepHits]] | None = None) -> CreditRule:
     """TRCA over the task's operator library (``rule_library``) unless ``hits`` and
     ``families`` say otherwise; see ``TRCAOptions`` for the rest."""
-    try:
-        opts = TRCAOptions(lam=lam, gamma=gamma, step_weight=step_weight, context_key=context_key,
-                           episode_advantage=episode_advantage, env_reward=env_reward, outcome_key=outcome_key,
-                           success_threshold=success_threshold)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']} (got {e['input']!r})" for e in exc.errors())
-        raise ValueError(f"trca credit options: {problems}") from None
-    return TRCARule(opts, families, hits)
+    return TRCARule(options, families, hits)
 
 
 class TRCARule:

@@ -10,6 +10,11 @@ from collections.abc import Sequence
 
 from draco_gym.algos.credit.core import CreditRule, check_counts, check_finite
 from draco_gym.algos.credit.registry import credit_rule
+from draco_gym.algos.credit.spec import Need, RuleOptions
+
+
+class UniformOptions(RuleOptions):
+    """Plain GRPO takes no options."""
 
 
 def uniform_credit(advantage: float, step_tokens: Sequence[int]) -> list[float]:
@@ -18,8 +23,8 @@ def uniform_credit(advantage: float, step_tokens: Sequence[int]) -> list[float]:
     return [advantage] * len(check_counts(step_tokens, "step_tokens"))
 
 
-@credit_rule("uniform")
-def uniform_rule() -> CreditRule:
+@credit_rule("uniform", UniformOptions, needs={Need.REWARD_ADVANTAGE})
+def uniform_rule(options: UniformOptions) -> CreditRule:
     """Plain GRPO: a_j = A_i."""
     return lambda trajectories, group, advantages: [
         uniform_credit(a, t.step_tokens) for t, a in zip(trajectories, advantages)]

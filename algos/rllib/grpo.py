@@ -54,7 +54,7 @@ from ray.tune.result import TRAINING_ITERATION
 from draco_gym.algos.checkpoints import install, require_complete, resume_point, seal, staging_dir
 from draco_gym.algos.policy.batch import shard_rows, token_batch
 from draco_gym.algos.config import ConfigError, RunConfig, draft_run
-from draco_gym.algos.credit import CREDIT_RULES, get_credit_rule
+from draco_gym.algos.credit import Need, credit_spec, get_credit_rule
 from draco_gym.algos.credit.apply import CreditedBatch, apply_credit
 from draco_gym.algos.rllib.env_runner import RESTORED, LLMEnvRunner, env_source
 from draco_gym.algos.rllib.learner import GRPOTorchLearner
@@ -195,8 +195,9 @@ class GRPOConfig(AlgorithmConfig):
             self.run = run
         super().validate()
         if run.rollout.pipeline == "one_step" and not self.in_evaluation:
-            accepts = inspect.signature(CREDIT_RULES.get(run.credit.name)).parameters
-            if "continue_fn" in accepts and run.credit.options.get("continue_fn") is None:
+            spec = credit_spec(run.credit.name)
+            if Need.CONTINUATIONS in spec.needs(spec.parse(run.credit.options)[0]) \
+                    and run.credit.options.get("continue_fn") is None:
                 raise ConfigError(f"rollout.pipeline: one_step with credit {run.credit.name!r}: its continuations run "
                                   "on the env runners, which are sampling the next iteration while credit is "
                                   "computed; set the pipeline off for this credit rule")
@@ -532,22 +533,26 @@ class GRPO(Algorithm):
 
     def credit_rule(self):
         """The configured credit rule, built with the configured options plus what only the
-        trainer can supply, offered to any rule whose factory takes it: ``continue_fn``,
-        continuations of the current policy from a restored prefix run on an env runner
-        (ProVer), and ``reference_model``, a frozen reference that defaults to the initial
-        policy, the base model (TRACE)."""
+        trainer can supply, for what the rule declares it needs (``credit_spec(name).needs``):
+        ``Need.CONTINUATIONS``, continuations of the current policy from a restored prefix run
+        on an env runner (ProVer), and ``Need.BASE_POLICY``, a frozen reference that defaults
+        to the initial policy, the base model (TRACE)."""
         credit = self.config.run.credit
         return get_credit_rule(credit.name, turns_without_code=credit.turns_without_code, **self.credit_options())
 
     def credit_options(self) -> dict:
-        options = dict(self.config.run.credit.options)
-        accepts = inspect.signature(CREDIT_RULES.get(self.config.run.credit.name)).parameters
-        if "continue_fn" in accepts and options.get("continue_fn") is None:
-            from draco_gym.algos.credit.prover import env_runner_continuations
+        credit = self.config.run.credit
+        options = dict(credit.options)
+        spec = credit_spec(credit.name)
+        for need, keyword in spec.trainer_inputs(spec.parse(options)[0]).items():
+            if options.get(keyword) is not None:
+                continue
+            if need is Need.CONTINUATIONS:
+                from draco_gym.algos.credit.prover import env_runner_continuations
 
-            options["continue_fn"] = env_runner_continuations(self.env_runner_group)
-        if "reference_model" in accepts and options.get("reference_model") is None and options.get("scorer") is None:
-            options["reference_model"] = self.config.model_path
+                options[keyword] = env_runner_continuations(self.env_runner_group)
+            elif need is Need.BASE_POLICY:
+                options[keyword] = self.config.model_path
         return options
 
     def update(self, batch: CreditedBatch) -> None:
