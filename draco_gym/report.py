@@ -63,6 +63,8 @@ METRIC_NAMES: dict[str, tuple[str, ...]] = {
     "criteria_before": ("criteria_before_dropout", "criteria/before_dropout"),
     "criteria_after": ("criteria_after_dropout", "criteria/after_dropout"),
     "inert_share": ("inert_credit_share", "credit/inert_share"),
+    "paper_inert_share": ("paper_inert_share", "credit/paper_inert_share"),
+    "uncredited_citations": ("uncredited_citations", "credit/uncredited_citations"),
     "judge_cost": ("judge_cost", "judge/cost"),
     "judge_prompt_tokens": ("judge_prompt_tokens", "judge/prompt_tokens"),
     "judge_completion_tokens": ("judge_completion_tokens", "judge/completion_tokens"),
@@ -430,9 +432,11 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, limits: 
             groups.append(summary)
             chunks.append(_pack(detail))
             agg = per_iteration.setdefault(group.iteration, {"R": [], "ok": [], "p": 0, "f": 0, "before": [], "after": [],
-                                                             "inert": 0, "nonzero": 0, "fb": Counter(), "term": Counter()})
+                                                             "inert": 0, "nonzero": 0, "unanimous": 0,
+                                                             "fb": Counter(), "term": Counter()})
             for r in summary["roll"]:
                 agg["R"].append(r["R"])
+                agg["unanimous"] += r["p"] == 0 or r["f"] == 0
                 agg["p"] += r["p"]
                 agg["f"] += r["f"]
                 agg["term"][r["term"]] += 1
@@ -502,6 +506,8 @@ def _derived_series(per_iteration: dict[int, dict]) -> dict:
     out["criteria_before"] = [mean(a["before"]) for a in aggs]
     out["criteria_after"] = [mean(a["after"]) for a in aggs]
     out["inert_share"] = [a["inert"] / a["nonzero"] if a["nonzero"] else None for a in aggs]
+    # the paper's inert rollout: its verdicts unanimous (all PASS, all FAIL, or none)
+    out["paper_inert_share"] = [a["unanimous"] / len(a["R"]) if a["R"] else None for a in aggs]
     modes = sorted({m for a in aggs for m in a["term"]})
     out["termination"] = {m: [a["term"][m] / max(sum(a["term"].values()), 1) for a in aggs] for m in modes}
     stages = sorted({s for a in aggs for s in a["fb"]})

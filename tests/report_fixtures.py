@@ -108,6 +108,7 @@ def write_hand_made_run(run: Path) -> dict:
     metrics = [
         {"training_iteration": 1, "reward_mean": 0.05, "reward_std": 0.8, "rubric_pass_rate": 0.5,
          "criteria_before_dropout": 3.5, "criteria_after_dropout": 2.5, "inert_credit_share": 0.5,
+         "credit/paper_inert_share": 0.25, "credit/uncredited_citations": 2,
          "env/success": 0.33, "termination/submitted": 0.5, "termination/max_turns": 0.17, "termination/no_code": 0.33,
          "judge_cost": 0.012, "judge_prompt_tokens": 12000, "judge_completion_tokens": 2100, "judge_calls": 16,
          "reward_fallbacks": 0, "time/generation": 4.0, "time/judge": 2.5, "time/learner": 1.0, "time/iteration": 8.0},

@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 
 from draco_gym.algos.credit import apply_credit, get_credit_rule
+from draco_gym.algos.credit.trca import RuleFamily
 from draco_gym.types import GroupScore, RolloutGroup, Step, Task, Trajectory, TrajectoryScore, Verdict
 
 TASK = Task(id="t", instruction="What is the order total?")
+FAMILIES = [RuleFamily("evidence", 1, 1.0, ("e",))]
 
 
 def closing_trajectory() -> Trajectory:
@@ -97,6 +99,13 @@ def test_citations_of_turns_without_code_are_counted():
     assert apply_credit(groups, get_credit_rule("draco", turns_without_code="gap")).uncredited_citations == 2
     assert apply_credit(groups, get_credit_rule("draco", turns_without_code="attach")).uncredited_citations == 0
     assert apply_credit(groups, get_credit_rule("uniform")).uncredited_citations == 2  # every rule is counted
+    # the trainer's metrics carry all three measures
+    from draco_gym.algos.rllib.reporting import PHASES, iteration_metrics
+
+    batch = apply_credit(groups, get_credit_rule("draco"))
+    metrics = iteration_metrics(groups, batch, dict.fromkeys(PHASES, 0.0), 1.0, 0)
+    assert metrics["credit/uncredited_citations"] == 2 and metrics["credit/paper_inert_share"] == 0.0
+    assert metrics["credit/inert_share"] == batch.inert_credit_share
 
 
 def test_the_papers_inert_share_counts_unanimous_rollouts():
@@ -127,6 +136,26 @@ def test_the_papers_inert_share_counts_unanimous_rollouts():
     outcome = GroupScore(scores=[TrajectoryScore(reward=1.0), TrajectoryScore(reward=0.0)])
     plain = apply_credit([RolloutGroup(task_id=TASK.id, trajectories=trajs[:2], score=outcome)], get_credit_rule("uniform"))
     assert plain.paper_inert_share == 1.0
+
+
+def test_our_inert_share_compares_against_the_rules_own_base():
+    """TRCA builds on the outcome's A_i, not the reward's. Successes 1, 0, 0 give TRCA's base
+    (1 - 1/3, -1/3, -1/3) / sqrt(2/9) = [sqrt(2), -sqrt(2)/2, -sqrt(2)/2]; the rubric rewards
+    1, 0, -1 give the reward's A_i [sqrt(3/2), 0, -sqrt(3/2)]. Every step alone in its state
+    makes every step term 0: TRCA moved nothing, so all of it is inert against its own base,
+    though none of it equals the reward's A_i."""
+    trajs = [Trajectory(task=TASK, steps=[Step(index=1, text="```python\nx\n```", code="x", n_tokens=2,
+                                               info={"state_key": f"s{i}"})],
+                        metrics={"success": s}, token_ids=[0, 0], token_step=[1, 1])
+             for i, s in enumerate((1, 0, 0))]
+    v = lambda score: Verdict(criterion=f"c{score}", score=score, cited_steps=[1])
+    score = GroupScore(scores=[TrajectoryScore.from_verdicts(vs) for vs in ([v(1)], [v(1), v(-1)], [v(-1)])])
+    batch = apply_credit([RolloutGroup(task_id=TASK.id, trajectories=trajs, score=score)],
+                         get_credit_rule("trca", hits=lambda t: [{}], families=FAMILIES, env_reward="none"))
+    r2 = 2 ** 0.5
+    assert [a for [a] in batch.step_advantages] == pytest.approx([r2, -r2 / 2, -r2 / 2], abs=1e-5)
+    assert batch.group_advantages == [pytest.approx([1.5 ** 0.5, 0.0, -(1.5 ** 0.5)], abs=1e-5)]
+    assert batch.inert_credit_share == 1.0
 
 
 def test_the_closing_message_no_longer_gets_the_biggest_per_token_push():

@@ -280,7 +280,7 @@ def test_no_request_leaves_the_page_in_any_view(page):
 def test_run_at_a_glance_draws_every_figure_and_the_evaluation(page):
     p = page.show("#run", ".charts svg")
     captions = p.locator(".chart-card figcaption").all_inner_texts()
-    for words in ("Reward", "dropout", "Inert-credit", "Termination", "Judge cost", "Judge tokens", "fallbacks", "Time"):
+    for words in ("Reward", "dropout", "Inert-credit", "Uncredited citations", "Termination", "Judge cost", "Judge tokens", "fallbacks", "Time"):
         assert any(words in c for c in captions), (words, captions)
     assert p.locator(".chart-card svg path, .chart-card svg polygon").count() >= 10
     evaluation = p.locator("table.eval").inner_text()
@@ -325,6 +325,9 @@ def test_renamed_metrics_are_found_under_a_prefix_and_missing_ones_are_derived(t
     assert derived["pass_rate"][1] == pytest.approx(4 / 8)
     assert derived["criteria_before"] == [3, 3] and derived["criteria_after"] == [2.5, 2]
     assert derived["fallbacks"] == {"augment": [0, 1]}
+    # the paper's inert share: the second iteration's verdict pairs (1, 1) (1, -1) (-1, -1)
+    # (-1, 1) are unanimous twice in four
+    assert derived["paper_inert_share"][1] == 0.5
 
 
 def test_bad_run_directories_are_named_in_the_error(tmp_path, capsys):

@@ -114,15 +114,18 @@ def test_metrics_rows_flatten_the_result_groups():
                               "env": {"success": 0.5}},
               "learners": {"default_policy": {"kl": 0.01, "x_throughput": {"since": 3.0}}},
               "judge": {"rubric_pass_rate": 0.75},
+              "credit": {"inert_share": 0.25, "paper_inert_share": 0.625, "uncredited_citations": 3},
               "timers": {"phases": {"learner": 1.5}, "training_iteration": 80.1}}  # RLlib's EMA of iteration times
     row = compact(result)
     assert row == {"training_iteration": 2, "time_this_iter_s": 41.0, "env_runners/episode_return_mean": 0.25,
                    "env_runners/termination/no_code": 0.5, "env_runners/termination/submitted": 0.5,
                    "env_runners/env/success": 0.5, "learners/default_policy/kl": 0.01,
-                   "judge/rubric_pass_rate": 0.75, "timers/phases/learner": 1.5, "timers/training_iteration": 80.1}
+                   "judge/rubric_pass_rate": 0.75, "credit/inert_share": 0.25, "credit/paper_inert_share": 0.625,
+                   "credit/uncredited_citations": 3, "timers/phases/learner": 1.5,
+                   "timers/training_iteration": 80.1}
     line = progress_line(row, 3)
     for shown in ("[iter 2/3]", "return=+0.250", "pass=0.75", "success=0.50", "no_code=0.50", "kl=0.0100",
-                  "learner=1.5s", "iter=41.0s"):
+                  "inert=0.25/paper=0.62", "uncredited=3", "learner=1.5s", "iter=41.0s"):
         assert shown in line
 
 

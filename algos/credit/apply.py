@@ -54,11 +54,22 @@ def unanimous(score: TrajectoryScore | None) -> bool:
     return score.p == 0 or score.f == 0
 
 
+def inert(trajectory: Trajectory, base: float, step_advantages: Sequence[float]) -> bool:
+    """Every credit step of ``trajectory`` got exactly ``base``: the rule moved nothing. A turn
+    without code is left out: it gets the base, its owner's a_j or 0 by ``turns_without_code``,
+    not by the rule."""
+    return all(math.isclose(step_advantages[step.index - 1], base, rel_tol=1e-9, abs_tol=1e-12)
+               for step in trajectory.steps if step.is_credit_step)
+
+
 def apply_credit(groups: Sequence[RolloutGroup], rule: CreditRule) -> CreditedBatch:
-    """``groups``: scored groups (the reward has run on each)."""
+    """``groups``: scored groups (the reward has run on each). ``rule`` as ``get_credit_rule``
+    builds it (its ``base_advantages`` and ``uncredited_citations`` feed the measures); a bare
+    ``CreditRule`` is measured against the group advantages and counts no citations."""
     trajectories, per_group, step_adv, token_adv = [], [], [], []
-    inert = nonzero = agreeing = uncredited = 0
+    inert_count = nonzero = agreeing = uncredited = 0
     count_uncredited = getattr(rule, "uncredited_citations", None)
+    rule_base = getattr(rule, "base_advantages", None)
     for group in groups:
         trajs, score = group.trajectories, group.score
         if score is None:
@@ -69,13 +80,15 @@ def apply_credit(groups: Sequence[RolloutGroup], rule: CreditRule) -> CreditedBa
         agreeing += sum(unanimous(s) for s in scores)
         if count_uncredited is not None:
             uncredited += count_uncredited(trajs, score)
-        for traj, a_i, a_steps in zip(trajs, advantages, rule(trajs, score, advantages)):
+        credited = rule(trajs, score, advantages)
+        bases = rule_base(trajs, score, advantages) if rule_base is not None else advantages
+        for traj, base, a_steps in zip(trajs, bases, credited):
             trajectories.append(traj)
             step_adv.append(a_steps)
             token_adv.append(token_advantages(a_steps, traj.token_step))
-            if a_i != 0:
+            if base != 0:
                 nonzero += 1
-                inert += all(math.isclose(a, a_i, rel_tol=1e-9, abs_tol=1e-12) for a in a_steps)
-    return CreditedBatch(trajectories, per_group, step_adv, token_adv, inert / nonzero if nonzero else 0.0,
+                inert_count += inert(traj, base, a_steps)
+    return CreditedBatch(trajectories, per_group, step_adv, token_adv, inert_count / nonzero if nonzero else 0.0,
                          paper_inert_share=agreeing / len(trajectories) if trajectories else 0.0,
                          uncredited_citations=uncredited)

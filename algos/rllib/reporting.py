@@ -88,7 +88,11 @@ def iteration_metrics(groups: Sequence[RolloutGroup], batch, timers: dict[str, f
         **({"judge/outcome_agreement": agreement} if agreement is not None else {}),
         "judge/calls": usage["calls"], "judge/prompt_tokens": usage["prompt_tokens"],
         "judge/completion_tokens": usage["completion_tokens"], "judge/cost": float(usage["cost"]),
+        # credit that changed nothing: ours (steps all at the rule's own A_i) and the paper's
+        # (rollouts whose verdicts are unanimous), and citations no credit step holds
         "credit/inert_share": batch.inert_credit_share,
+        "credit/paper_inert_share": batch.paper_inert_share,
+        "credit/uncredited_citations": batch.uncredited_citations,
         # groups whose rewards differ: with none, every advantage is 0 and nothing is learned
         "credit/groups_with_spread": sum(float(np.std(g.score.rewards)) > 1e-12 for g in groups),
         "credit/step_advantage_abs_mean": float(np.mean(step_credit)) if step_credit else 0.0,
@@ -172,7 +176,9 @@ def progress_line(m: dict[str, Any], total_iterations: int | None = None) -> str
             f"[{m.get(er + 'min') or 0:+.2f},{m.get(er + 'max') or 0:+.2f}] "
             f"pass={m.get('judge/rubric_pass_rate') or 0:.2f} "
             f"criteria={m.get('judge/criteria_before_dropout') or 0:.1f}"
-            f"->{m.get('judge/criteria_after_dropout') or 0:.1f} inert={m.get('credit/inert_share') or 0:.2f} "
+            f"->{m.get('judge/criteria_after_dropout') or 0:.1f} "
+            f"inert={m.get('credit/inert_share') or 0:.2f}/paper={m.get('credit/paper_inert_share') or 0:.2f} "
+            f"uncredited={int(m.get('credit/uncredited_citations') or 0)} "
             f"turns={m.get('env_runners/episode_len_mean') or 0:.1f}"
             f"{f' success={success:.2f}' if success is not None else ''} [{terms}] "
             f"kl={m.get('learners/default_policy/kl') or 0:.4f} "

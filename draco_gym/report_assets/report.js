@@ -242,8 +242,11 @@
     add(chartOf('Criteria per group, before and after dropout', [
       { name: 'before dropout', data: pick('criteria_before') },
       { name: 'after dropout', data: pick('criteria_after') }], { ymin: 0 }));
-    add(chartOf('Inert-credit share (rollouts whose step credit equals A_i)', [
-      { name: 'inert share', data: pick('inert_share') }], { ymin: 0, ymax: 1 }));
+    add(chartOf('Inert-credit share: ours (credit steps all at the rule\'s own A_i) and the paper\'s (unanimous verdicts)', [
+      { name: 'ours', data: pick('inert_share') },
+      { name: 'paper', data: pick('paper_inert_share'), dash: '4 3' }], { ymin: 0, ymax: 1 }));
+    add(chartOf('Uncredited citations (verdicts citing a turn without code that no credit step holds)', [
+      { name: 'citations', data: pick('uncredited_citations') }], { ymin: 0 }));
 
     var term = prefixed(/(?:^|\/)termination\/(.+)$/), termData = {};
     Object.keys(term).forEach(function (m) { termData[m] = term[m].y; });
