@@ -45,10 +45,12 @@ from draco_gym.text import truncate_middle
 from draco_gym.types import RolloutRecord, Step
 
 # What the judge reads of a step by default (draco_gym.reward.render.render_trajectory's
-# max_message_chars and max_observation_chars; a test keeps the two in step). A longer
-# message or observation was shortened for the judge, and the report marks it.
-JUDGE_MESSAGE_CHARS = 6000
-JUDGE_OBSERVATION_CHARS = 2000
+# max_message_chars and max_observation_chars; a test keeps the two in step): None, the
+# whole text. Under a cap (the judged rubrics' options of the same names, given to the report
+# as --judge-message-chars and --judge-observation-chars), a longer message or observation
+# was shortened for the judge, and the report marks it.
+JUDGE_MESSAGE_CHARS: int | None = None
+JUDGE_OBSERVATION_CHARS: int | None = None
 
 # The marker CodeStepEnv leaves where it truncated an observation (envs.base.truncate_middle).
 _ENV_TRUNCATION = re.compile(r"\[\.\.\. \d+ characters truncated \.\.\.\]")
@@ -163,8 +165,8 @@ class Limits:
     code: int = 4000
     instruction: int = 4000
     evidence: int = 1000
-    judge_message: int = JUDGE_MESSAGE_CHARS
-    judge_observation: int = JUDGE_OBSERVATION_CHARS
+    judge_message: int | None = JUDGE_MESSAGE_CHARS
+    judge_observation: int | None = JUDGE_OBSERVATION_CHARS
 
 
 @dataclass
@@ -257,9 +259,9 @@ def _step_detail(step: Step, last: bool, termination: str | None, where: str, li
     policy saw was shortened."""
     text, obs, code = step.text, step.observation, step.code
     marks = []
-    if len(text) > limits.judge_message:
+    if limits.judge_message is not None and len(text) > limits.judge_message:
         marks.append(f"judge saw the message shortened to {limits.judge_message} of {len(text)} characters")
-    if len(obs) > limits.judge_observation:
+    if limits.judge_observation is not None and len(obs) > limits.judge_observation:
         marks.append(f"judge saw the observation shortened to {limits.judge_observation} of {len(obs)} characters")
     if _ENV_TRUNCATION.search(obs):
         marks.append("the environment truncated this observation")
@@ -549,14 +551,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-message-chars", type=int, default=Limits.message, metavar="N",
                         help="the same for each message and code block (default %(default)s)")
     parser.add_argument("--judge-message-chars", type=int, default=JUDGE_MESSAGE_CHARS, metavar="N",
-                        help="the judge's message limit, to mark steps it saw shortened (default %(default)s)")
+                        help="the judge's message cap, if the run set one, to mark steps it saw shortened "
+                             "(default: none, the judge read every message whole)")
     parser.add_argument("--judge-observation-chars", type=int, default=JUDGE_OBSERVATION_CHARS, metavar="N",
-                        help="the judge's observation limit (default %(default)s)")
+                        help="the judge's observation cap, if the run set one (default: none)")
 
 
 def run(args: argparse.Namespace) -> int:
     for name in ("max_observation_chars", "max_message_chars", "judge_message_chars", "judge_observation_chars"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             print(f"error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}", file=sys.stderr)
             return 2
     limits = Limits(observation=args.max_observation_chars, message=args.max_message_chars,

@@ -34,7 +34,7 @@ from draco_gym.reward.answers import first_of_each
 from draco_gym.reward.base import REWARDS, RubricReward, check_group, finalize_group, zero_group
 from draco_gym.reward.judge_client import JudgeClient, StageFailed, UsageMeter, as_client
 from draco_gym.reward.render import render_task
-from draco_gym.reward.stages import SELF_JUDGE_SAMPLES, JudgingMode, View
+from draco_gym.reward.stages import END_RULES, SELF_JUDGE_SAMPLES, JudgingMode, View
 from draco_gym.types import Criterion, GroupScore, Task, Trajectory
 
 @REWARDS.register("dynamic")
@@ -50,10 +50,19 @@ class DynamicRubricReward(RubricReward):
     max_proposed, max_augmented, max_criteria
                    stage limits 15, 10, 24
     dropout        discriminative dropout (stage 6); off only for ablations
-    max_message_chars, max_observation_chars, max_trajectory_chars
-                   what the judge reads of one step's message and observation, and of a
-                   whole rollout (steps shortened alike when over); merge_* the same for
-                   the merge prompt, which holds all G rollouts
+    max_message_chars, max_observation_chars, max_prompt_chars
+                   caps (characters, head and tail kept) on what the judge reads of one
+                   step's message and observation and of the agent prompt; None (the
+                   default): as the agent saw them, the paper's reading. A cap saves judge
+                   tokens (this project used 6000, 2000 and 3000 before) at the price of
+                   verdicts on text the judge did not see
+    max_trajectory_chars
+                   the whole rollout (ours, 60000: G rollouts must fit the judge's context;
+                   over it every step is shortened alike); merge_observation_chars and
+                   merge_trajectory_chars the same for the merge prompt, which holds all G
+    end_rule       the environment's (``no_code``, the default, or ``task_completed``): under
+                   ``no_code`` every judge prompt says that a brief closing turn after the
+                   task is done is correct and must not be penalised (the paper's caveat)
     **settings     JudgeSettings fields: temperature, max_concurrency, requests_per_minute,
                    tokens_per_minute, deadline_s, retries, max_repairs, cache_dir, prices
     """
@@ -71,12 +80,13 @@ class DynamicRubricReward(RubricReward):
         max_augmented: int = 10,
         max_criteria: int = 24,
         dropout: bool = True,
-        max_message_chars: int = 6000,
-        max_observation_chars: int = 2000,
+        max_message_chars: int | None = None,
+        max_observation_chars: int | None = None,
         max_trajectory_chars: int = 60_000,
         merge_observation_chars: int = 600,
         merge_trajectory_chars: int = 16_000,
-        max_prompt_chars: int = 3000,
+        max_prompt_chars: int | None = None,
+        end_rule: str = "no_code",
         **settings: Any,
     ) -> None:
         for name, value in (("max_proposed", max_proposed), ("max_augmented", max_augmented), ("max_criteria", max_criteria)):
@@ -95,6 +105,9 @@ class DynamicRubricReward(RubricReward):
         self.merge_observation_chars = merge_observation_chars
         self.merge_trajectory_chars = merge_trajectory_chars
         self.max_prompt_chars = max_prompt_chars
+        if end_rule not in END_RULES:
+            raise ValueError(f"end_rule must be one of {END_RULES} (the environment's), got {end_rule!r}")
+        self.closing_turn = end_rule == "no_code"
         self._proposals: OrderedDict[str, list[Criterion]] = OrderedDict()
 
     async def ascore_group(self, task: Task, trajectories: Sequence[Trajectory]) -> GroupScore:
@@ -111,7 +124,8 @@ class DynamicRubricReward(RubricReward):
             return meter.onto(zero_group(len(trajectories), "group: no criteria to score against; every reward set "
                                          "to 0", usage=meter.stages, fallbacks=fallbacks))
         verdicts = await stages.final_verdicts(client, meter, fallbacks, task_text, criteria, trajectories,
-                                               view=self.view, mode=self.mode, samples=self.samples)
+                                               view=self.view, mode=self.mode, samples=self.samples,
+                                               closing_turn=self.closing_turn)
         if verdicts is None:
             return meter.onto(zero_group(len(trajectories), "group: a rollout could not be scored; every reward set "
                                          "to 0", usage=meter.stages, fallbacks=fallbacks))
@@ -126,7 +140,8 @@ class DynamicRubricReward(RubricReward):
             meter.book("propose", cache_hits=1)
             return self._proposals[key]
         try:
-            proposed = await stages.propose(self.client, meter, task_text, limit=self.max_proposed)
+            proposed = await stages.propose(self.client, meter, task_text, limit=self.max_proposed,
+                                            closing_turn=self.closing_turn)
         except StageFailed as exc:
             from draco_gym.reward.static import STATIC_CRITERIA
 
@@ -142,7 +157,7 @@ class DynamicRubricReward(RubricReward):
         """Stage 2 for one rollout; on failure nothing is added from it."""
         try:
             return await stages.augment(self.client, meter, task_text, proposed, self.view.render(trajectory),
-                                        limit=self.max_augmented)
+                                        limit=self.max_augmented, closing_turn=self.closing_turn)
         except StageFailed as exc:
             fallbacks.append(f"augment[{index + 1}]: {exc.reason}; added nothing from this rollout")
             return []
@@ -153,7 +168,8 @@ class DynamicRubricReward(RubricReward):
         rollouts = [self.view.render(t, label=f"attempt {i + 1}", observation_chars=self.merge_observation_chars,
                                      max_chars=self.merge_trajectory_chars) for i, t in enumerate(trajectories)]
         try:
-            return await stages.merge(self.client, meter, task_text, candidates, rollouts, limit=self.max_criteria)
+            return await stages.merge(self.client, meter, task_text, candidates, rollouts, limit=self.max_criteria,
+                                      closing_turn=self.closing_turn)
         except StageFailed as exc:
             union = first_of_each(candidates)[: self.max_criteria]
             fallbacks.append(

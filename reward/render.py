@@ -13,8 +13,12 @@ the content rather than a fresh random one keeps one rollout's rendering identic
 of its prompts (the judge's cache and the server's prefix cache reuse it); agent text cannot
 aim at its code, which is a hash of the very text that would have to contain it.
 
-Steps carry the same 1-based numbers the judge cites and credit uses. Long observations and
-messages keep their head and tail.
+Steps carry the same 1-based numbers the judge cites and credit uses. By default the judge
+reads every message, observation and agent prompt as the agent saw it (the paper's judges read
+the whole rollout); a cap (``max_message_chars``, ``max_observation_chars``,
+``max_prompt_chars``: characters, None for none) keeps the head and tail of a longer text, to
+save judge tokens. Only the whole rollout has a bound by default, the judged rubrics'
+``max_trajectory_chars``: over it, every step is shortened alike.
 """
 
 from __future__ import annotations
@@ -91,10 +95,13 @@ def truncate_fenced(body: str, limit: int, code: str) -> str:
     return head.rstrip("\n") + marker + tail
 
 
-def render_task(task_instruction: str, agent_prompt: str = "", max_prompt_chars: int = 3000) -> str:
+def render_task(task_instruction: str, agent_prompt: str = "", max_prompt_chars: int | None = None) -> str:
+    """The task as the judge reads it; ``max_prompt_chars`` caps the agent prompt (None: whole;
+    0: left out)."""
     parts = [f"<instruction>\n{escape(task_instruction)}\n</instruction>"]
-    if agent_prompt and max_prompt_chars > 0:
-        parts.append(f"<agent_prompt>\n{escape(truncate_middle(agent_prompt, max_prompt_chars))}\n</agent_prompt>")
+    if agent_prompt and max_prompt_chars != 0:
+        shown = agent_prompt if max_prompt_chars is None else truncate_middle(agent_prompt, max_prompt_chars)
+        parts.append(f"<agent_prompt>\n{escape(shown)}\n</agent_prompt>")
     return "<task>\n" + "\n".join(parts) + "\n</task>"
 
 
@@ -102,11 +109,12 @@ def render_trajectory(
     trajectory: Trajectory,
     *,
     label: str | None = None,
-    max_message_chars: int = 6000,
-    max_observation_chars: int = 2000,
+    max_message_chars: int | None = None,
+    max_observation_chars: int | None = None,
     max_chars: int | None = None,
 ) -> str:
-    """The trajectory as numbered steps: the agent's message, then what it observed.
+    """The trajectory as numbered steps: the agent's message, then what it observed, each
+    whole unless ``max_message_chars`` / ``max_observation_chars`` cap it.
 
     ``max_chars`` bounds the whole rendering (a 50-step rollout must still fit the judge's
     context next to G-1 others): when it is exceeded, every step is shortened alike, and
@@ -117,16 +125,17 @@ def render_trajectory(
     if max_chars is None or len(text) <= max_chars or n == 0:
         return text
     per_step = max(max_chars // n - 200, 200)  # 200: the step's own markup and fences
-    message = min(max_message_chars, max(per_step * 3 // 5, 120))
-    observation = min(max_observation_chars, max(per_step - message, 80))
+    message = min(max_message_chars or per_step, max(per_step * 3 // 5, 120))
+    observation = min(max_observation_chars or per_step, max(per_step - message, 80))
     return _render_steps(trajectory, label, message, observation)
 
 
-def _render_steps(trajectory: Trajectory, label: str | None, max_message_chars: int, max_observation_chars: int) -> str:
+def _render_steps(trajectory: Trajectory, label: str | None, max_message_chars: int | None,
+                  max_observation_chars: int | None) -> str:
     spans = []
-    for step in trajectory.steps:
-        spans.append(escape(truncate_middle(step.text, max_message_chars)))
-        spans.append(escape(truncate_middle(step.observation or "(none)", max_observation_chars)))
+    for step in trajectory.steps:  # a limit of 0 is truncate_middle's "none"
+        spans.append(escape(truncate_middle(step.text, max_message_chars or 0)))
+        spans.append(escape(truncate_middle(step.observation or "(none)", max_observation_chars or 0)))
     code = data_fence(spans)
     name = f' id="{escape(label)}"' if label else ""
     end = escape(trajectory.termination or "unknown")
@@ -175,8 +184,11 @@ def _environment() -> jinja2.Environment:
 def stage_messages(stage: str, **variables) -> list[dict[str, str]]:
     """System and user message of ``stage`` from ``prompts/<stage>.j2`` (macros
     ``system`` and ``user``). Every stage states the criterion title rule (``title_words``)
-    and names the fence codes of the rollouts it shows (``fences``)."""
+    and names the fence codes of the rollouts it shows (``fences``), and, unless
+    ``closing_turn=False`` (an environment under ``end_rule: task_completed``), opens with the
+    paper's caveat that a brief closing turn without code is correct."""
     variables.setdefault("title_words", TITLE_WORDS)
+    variables.setdefault("closing_turn", True)
     variables.setdefault("fences", list(dict.fromkeys(
         code for value in variables.values() for text in _texts(value) for code in fences_in(text))))
     module = _environment().get_template(f"{stage}.j2").make_module(variables)

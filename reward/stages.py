@@ -16,6 +16,12 @@ answer raises ``StageFailed``; what happens instead is the rubric's decision
 
 ``final_verdicts`` composes score and attribute (or the fused stage) for a group, with the
 self-judge's k samples and the fallbacks both judged rubrics share.
+
+``closing_turn`` (every stage; True by default, as under the environments' default
+``end_rule: no_code``): the episode ends on a message without code, and every prompt opens
+with the paper's caveat that a brief closing turn after the task is done is correct and must
+not be penalised. False for an environment whose episodes end on submission
+(``end_rule: task_completed``).
 """
 
 from __future__ import annotations
@@ -48,17 +54,23 @@ from draco_gym.types import Criterion, Trajectory, Verdict
 JudgingMode = Literal["separate", "fused"]
 MODES = ("separate", "fused")
 
+END_RULES = ("no_code", "task_completed")
+"""The environments' end rules (``envs.base.EndRule``; the reward layer never imports envs):
+the judged rubrics' ``end_rule`` says which one the rollouts ended under."""
+
 SELF_JUDGE_SAMPLES = 3
 """The self-judge scores k = 3 times; a criterion passes only if all three pass."""
 
 
 @dataclass(frozen=True)
 class View:
-    """How much of a rollout the judge reads: each step's message and observation, and the
-    whole rollout (every step shortened alike when over, numbers kept)."""
+    """How much of a rollout the judge reads: each step's message and observation (None: as
+    the agent saw it, the paper's reading; a number caps it, head and tail kept), and the
+    whole rollout (every step shortened alike when over, numbers kept; ours, so that G
+    rollouts fit a judge's context)."""
 
-    max_message_chars: int = 6000
-    max_observation_chars: int = 2000
+    max_message_chars: int | None = None
+    max_observation_chars: int | None = None
     max_trajectory_chars: int = 60_000
 
     def render(self, trajectory: Trajectory, label: str | None = None, observation_chars: int | None = None,
@@ -78,27 +90,29 @@ async def _ask(client: JudgeClient, meter: UsageMeter, stage: str, messages, sch
 # -- stages 1-3: the rubric ----------------------------------------------------------------
 
 
-async def propose(client: JudgeClient, meter: UsageMeter, task: str, *, limit: int = 15) -> list[Criterion]:
+async def propose(client: JudgeClient, meter: UsageMeter, task: str, *, limit: int = 15,
+                  closing_turn: bool = True) -> list[Criterion]:
     """Stage 1: criteria from the task alone."""
-    messages = stage_messages("propose", task=task, limit=limit, title_words=TITLE_WORDS)
+    messages = stage_messages("propose", task=task, limit=limit, title_words=TITLE_WORDS, closing_turn=closing_turn)
     return await _ask(client, meter, "propose", messages, answer_schema("propose", max_items=limit),
                       lambda text: check_proposed(parse_answer("propose", text), limit))
 
 
 async def augment(client: JudgeClient, meter: UsageMeter, task: str, proposed: list[Criterion], rollout: str, *,
-                  limit: int = 10) -> list[Criterion]:
+                  limit: int = 10, closing_turn: bool = True) -> list[Criterion]:
     """Stage 2: criteria only this rollout's execution reveals, each anchored on its evidence."""
     messages = stage_messages("augment", task=task, criteria=criteria_json(proposed), trajectory=rollout,
-                              limit=limit, title_words=TITLE_WORDS)
+                              limit=limit, title_words=TITLE_WORDS, closing_turn=closing_turn)
     return await _ask(client, meter, "augment", messages, answer_schema("augment", max_items=limit),
                       lambda text: check_augmented(parse_answer("augment", text), proposed, limit))
 
 
 async def merge(client: JudgeClient, meter: UsageMeter, task: str, candidates: list[Criterion],
-                rollouts: list[str], *, limit: int = 24) -> list[Criterion]:
+                rollouts: list[str], *, limit: int = 24, closing_turn: bool = True) -> list[Criterion]:
     """Stage 3: the group's rubric from every candidate, seeing all G rollouts."""
     messages = stage_messages("merge", task=task, criteria=criteria_json(candidates, with_evidence=True),
-                              trajectories=rollouts, n_rollouts=len(rollouts), limit=limit, title_words=TITLE_WORDS)
+                              trajectories=rollouts, n_rollouts=len(rollouts), limit=limit, title_words=TITLE_WORDS,
+                              closing_turn=closing_turn)
     return await _ask(client, meter, "merge", messages, answer_schema("merge", max_items=limit),
                       lambda text: check_merged(parse_answer("merge", text), limit))
 
@@ -106,13 +120,13 @@ async def merge(client: JudgeClient, meter: UsageMeter, task: str, candidates: l
 # -- stages 4-5: verdicts ------------------------------------------------------------------
 
 
-def _verdict_inputs(task: str, criteria: list[Criterion], rollout: str, n_steps: int) -> dict:
+def _verdict_inputs(task: str, criteria: list[Criterion], rollout: str, n_steps: int, closing_turn: bool) -> dict:
     return {"task": task, "criteria": criteria_json(criteria), "trajectory": rollout,
-            "n_criteria": len(criteria), "n_steps": n_steps}
+            "n_criteria": len(criteria), "n_steps": n_steps, "closing_turn": closing_turn}
 
 
 async def score(client: JudgeClient, meter: UsageMeter, task: str, criteria: list[Criterion], rollout: str,
-                n_steps: int, *, sample: int = 0) -> list[Verdict]:
+                n_steps: int, *, sample: int = 0, closing_turn: bool = True) -> list[Verdict]:
     """Stage 4: +1 / -1 / 0 on every criterion, with evidence; no steps yet."""
     titles = [c.title for c in criteria]
 
@@ -121,13 +135,14 @@ async def score(client: JudgeClient, meter: UsageMeter, task: str, criteria: lis
         return [Verdict(criterion=t, score=i.score, evidence=i.evidence, justification=i.justification)
                 for t, i in zip(titles, items, strict=True)]
 
-    messages = stage_messages("score", **_verdict_inputs(task, criteria, rollout, n_steps))
+    messages = stage_messages("score", **_verdict_inputs(task, criteria, rollout, n_steps, closing_turn))
     return await _ask(client, meter, "score", messages, answer_schema("score", titles=titles, n_steps=n_steps),
                       check, sample)
 
 
 async def attribute(client: JudgeClient, meter: UsageMeter, task: str, criteria: list[Criterion], rollout: str,
-                    n_steps: int, scored: list[Verdict], *, unanimous: bool = False) -> list[Verdict]:
+                    n_steps: int, scored: list[Verdict], *, unanimous: bool = False,
+                    closing_turn: bool = True) -> list[Verdict]:
     """Stage 5: the final verdict on each criterion (confirming or overruling stage 4) and
     the steps causally responsible for it.
 
@@ -136,7 +151,7 @@ async def attribute(client: JudgeClient, meter: UsageMeter, task: str, criteria:
     NOT_APPLICABLE into a PASS (the scored verdict stands, with its own citations); it may
     still cite steps and turn a PASS into a FAIL."""
     titles = [c.title for c in criteria]
-    messages = stage_messages("attribute", **_verdict_inputs(task, criteria, rollout, n_steps),
+    messages = stage_messages("attribute", **_verdict_inputs(task, criteria, rollout, n_steps, closing_turn),
                               verdicts=verdicts_json(scored))
     items = await _ask(client, meter, "attribute", messages,
                        answer_schema("attribute", titles=titles, n_steps=n_steps),
@@ -155,10 +170,10 @@ async def attribute(client: JudgeClient, meter: UsageMeter, task: str, criteria:
 
 
 async def score_attribute(client: JudgeClient, meter: UsageMeter, task: str, criteria: list[Criterion],
-                          rollout: str, n_steps: int, *, sample: int = 0) -> list[Verdict]:
+                          rollout: str, n_steps: int, *, sample: int = 0, closing_turn: bool = True) -> list[Verdict]:
     """Stages 4 and 5 in one call: final verdicts with their steps."""
     titles = [c.title for c in criteria]
-    messages = stage_messages("score_attribute", **_verdict_inputs(task, criteria, rollout, n_steps))
+    messages = stage_messages("score_attribute", **_verdict_inputs(task, criteria, rollout, n_steps, closing_turn))
     return await _ask(client, meter, "score_attribute", messages,
                       answer_schema("score_attribute", titles=titles, n_steps=n_steps),
                       lambda text: check_fused(parse_answer("score_attribute", text), titles, n_steps), sample)
@@ -194,7 +209,8 @@ def combine_samples(samples: Sequence[Sequence[Verdict] | None]) -> list[Verdict
 
 async def final_verdicts(client: JudgeClient, meter: UsageMeter, fallbacks: list[str], task: str,
                          criteria: list[Criterion], trajectories: Sequence[Trajectory], *, view: View,
-                         mode: JudgingMode = "separate", samples: int = 1) -> list[list[Verdict]] | None:
+                         mode: JudgingMode = "separate", samples: int = 1,
+                         closing_turn: bool = True) -> list[list[Verdict]] | None:
     """Stages 4-5 for a group, each rollout on its own chain (none waits for the group's
     slowest score). ``samples`` = k > 1 scores k times and keeps a PASS only if all k pass;
     the attribution afterwards cannot turn a combined FAIL or NOT_APPLICABLE into a PASS.
@@ -213,7 +229,7 @@ async def final_verdicts(client: JudgeClient, meter: UsageMeter, fallbacks: list
 
         async def sample(k: int) -> list[Verdict] | StageFailed:
             try:
-                return await stage(client, meter, task, criteria, rollout, n_steps, sample=k)
+                return await stage(client, meter, task, criteria, rollout, n_steps, sample=k, closing_turn=closing_turn)
             except StageFailed as exc:
                 return exc
 
@@ -232,7 +248,8 @@ async def final_verdicts(client: JudgeClient, meter: UsageMeter, fallbacks: list
         if mode == "fused":
             return verdicts
         try:
-            return await attribute(client, meter, task, criteria, rollout, n_steps, verdicts, unanimous=samples > 1)
+            return await attribute(client, meter, task, criteria, rollout, n_steps, verdicts, unanimous=samples > 1,
+                                   closing_turn=closing_turn)
         except StageFailed as exc:
             fallbacks.append(f"attribute[{index + 1}]: {exc.reason}; kept the stage-4 verdicts without step citations")
             return verdicts
@@ -287,7 +304,8 @@ SEGMENT_SCHEMA = {
 
 
 async def segment(client: JudgeClient, meter: UsageMeter, trajectory: Trajectory, *, max_len: int = 4,
-                  view: View = View(1500, 1500, 60_000), failures: Sequence[Trajectory] = ()) -> Segment:
+                  view: View = View(1500, 1500, 60_000), failures: Sequence[Trajectory] = (),
+                  closing_turn: bool = True) -> Segment:
     """ProVer's pivotal segment of a successful rollout: at most ``max_len`` consecutive
     action steps that most made it succeed, ending before the final step. ``failures``, the
     group's failed rollouts, are shown beside it (as in the paper), sharing half the
@@ -310,11 +328,12 @@ async def segment(client: JudgeClient, meter: UsageMeter, trajectory: Trajectory
 
     messages = stage_messages("segment", task=render_task(trajectory.task.instruction),
                               trajectory=view.render(trajectory, label="success" if failed else None),
-                              failures=failed, n_steps=n_steps, max_len=max_len)
+                              failures=failed, n_steps=n_steps, max_len=max_len, closing_turn=closing_turn)
     return await _ask(client, meter, "segment", messages, SEGMENT_SCHEMA, check)
 
 
 __all__ = [
+    "END_RULES",
     "MODES",
     "SELF_JUDGE_SAMPLES",
     "JudgingMode",

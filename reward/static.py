@@ -27,7 +27,7 @@ from draco_gym.reward.answers import normalize_title
 from draco_gym.reward.base import REWARDS, RubricReward, check_group, finalize_group, zero_group
 from draco_gym.reward.judge_client import JudgeClient, UsageMeter, as_client
 from draco_gym.reward.render import render_task
-from draco_gym.reward.stages import SELF_JUDGE_SAMPLES, JudgingMode, View
+from draco_gym.reward.stages import END_RULES, SELF_JUDGE_SAMPLES, JudgingMode, View
 from draco_gym.types import Criterion, GroupScore, Task, Trajectory
 
 
@@ -212,10 +212,11 @@ class StaticRubricReward(RubricReward):
         self_judge: bool = False,
         score_samples: int | None = None,
         dropout: bool = True,
-        max_message_chars: int = 6000,
-        max_observation_chars: int = 2000,
+        max_message_chars: int | None = None,
+        max_observation_chars: int | None = None,
         max_trajectory_chars: int = 60_000,
-        max_prompt_chars: int = 3000,
+        max_prompt_chars: int | None = None,
+        end_rule: str = "no_code",
         **settings: Any,
     ) -> None:
         if variant not in STATIC_VARIANTS:
@@ -238,13 +239,17 @@ class StaticRubricReward(RubricReward):
         self.view = View(max_message_chars, max_observation_chars, max_trajectory_chars)
         self.dropout = dropout
         self.max_prompt_chars = max_prompt_chars
+        if end_rule not in END_RULES:
+            raise ValueError(f"end_rule must be one of {END_RULES} (the environment's), got {end_rule!r}")
+        self.closing_turn = end_rule == "no_code"
 
     async def ascore_group(self, task: Task, trajectories: Sequence[Trajectory]) -> GroupScore:
         trajectories = check_group(task, trajectories)
         meter, fallbacks = UsageMeter(), []
         task_text = render_task(task.instruction, task.agent_prompt, self.max_prompt_chars)
         verdicts = await stages.final_verdicts(self.client, meter, fallbacks, task_text, self.criteria, trajectories,
-                                               view=self.view, mode=self.mode, samples=self.samples)
+                                               view=self.view, mode=self.mode, samples=self.samples,
+                                               closing_turn=self.closing_turn)
         if verdicts is None:
             return meter.onto(zero_group(len(trajectories), "group: a rollout could not be scored; every reward set "
                                          "to 0", usage=meter.stages, fallbacks=fallbacks))

@@ -115,7 +115,8 @@ class Page:
 def hand_made(tmp_path_factory):
     run = tmp_path_factory.mktemp("hand") / "run"
     expected = write_hand_made_run(run)
-    path = report.build_report(run)
+    # the hand-made run's judge capped observations at 2,000 characters (max_observation_chars)
+    path = report.build_report(run, limits=report.Limits(judge_observation=2000, judge_message=6000))
     return run, path, expected
 
 
