@@ -116,7 +116,7 @@ class TRCAOptions(RuleOptions):
 
     lam: float = option(0.8, "paper", "r = (1 - lam) r^F + lam r^B", ge=0, le=1)
     gamma: float = option(0.95, "paper", "discount of the return of r_env + r_TRCA", ge=0, le=1)
-    step_weight: float = option(1.0, "ours", "a_t = A_i + step_weight * normalised return (the paper adds them)",
+    step_weight: float = option(1.0, "ours", "a_t = A_i + step_weight * normalised return (1: a plain sum; the paper writes no weight)",
                                 allow_inf_nan=False)
     context_key: str | Callable[[Trajectory, Step], Hashable] = option(
         "state", "paper", "which steps are compared: state (the env's Step.info['state_key'], else the "
