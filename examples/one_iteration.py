@@ -26,7 +26,7 @@ from transformers import AutoTokenizer
 
 import draco_gym  # noqa: F401 - registers the environments
 from draco_gym.algos.config import EpisodeLimits, LossConfig
-from draco_gym.algos.credit import get_credit_rule, group_advantages, token_advantages
+from draco_gym.algos.credit import apply_credit, get_credit_rule
 from draco_gym.algos.policy.batch import token_batch
 from draco_gym.algos.policy.chat import ChatFormat
 from draco_gym.algos.policy.generation import TorchSampler
@@ -76,16 +76,14 @@ def main(argv: list[str] | None = None) -> dict:
     # 2. Group score: one reward call per group (a rubric judges the G rollouts together).
     groups = [group.with_score(reward.score_group(group.task, group.trajectories)) for group in groups]
 
-    # 3. Credit: A_i = the group-normalised reward; the rule turns it into a_j per step (DRACO:
-    #    towards the steps the verdicts cite); a_j goes on step j's tokens, 0 on gap tokens.
-    token_adv = []
-    for group in groups:
-        A = group_advantages(group.score.rewards)
-        for traj, a_steps in zip(group.trajectories, credit_rule(group.trajectories, group.score, A)):
-            token_adv.append(token_advantages(a_steps, traj.token_step))
+    # 3. Credit, as the trainers apply it: A_i = the group-normalised reward; the rule turns it
+    #    into a_j per step (DRACO: towards the steps the verdicts cite); a_j goes on step j's
+    #    tokens, 0 on gap tokens.
+    credited = apply_credit(groups, credit_rule)
 
     # 4. Token batch: one right-padded row per trajectory; the loss is taken on step tokens.
-    batch = {k: torch.as_tensor(v) for k, v in token_batch(trajectories, token_adv, pad_id=tokenizer.pad_token_id).items()}
+    batch = {k: torch.as_tensor(v) for k, v in token_batch(credited.trajectories, credited.token_advantages,
+                                                           pad_id=tokenizer.pad_token_id).items()}
     mask = batch["policy_mask"][:, 1:].bool()  # token t is predicted at t - 1
     rows = (batch["input_ids"], batch["attention_mask"], batch["policy_mask"])
 
@@ -107,7 +105,8 @@ def main(argv: list[str] | None = None) -> dict:
     for env in envs:
         env.close()
     out = {"episodes": len(trajectories), "rewards": [group.score.rewards for group in groups], "policy_tokens": int(mask.sum()),
-           "loss": float(loss.detach()), **{k: float(v) for k, v in stats.items()}, "adapter_moved": moved}
+           "loss": float(loss.detach()), **{k: float(v) for k, v in stats.items()}, "adapter_moved": moved,
+           "inert_share": credited.inert_credit_share, "paper_inert_share": credited.paper_inert_share}
     print("\n".join(f"{k}: {v}" for k, v in out.items()))
     return out
 
