@@ -133,8 +133,9 @@ def _credit_trainer_class():
     import torch
     from trl import GRPOTrainer
 
-    from draco_gym.algos.credit import get_credit_rule, token_advantages
+    from draco_gym.algos.credit import apply_credit, get_credit_rule
     from draco_gym.reward.trl import TRLReward
+    from draco_gym.types import RolloutGroup
 
     class DracoCreditGRPOTrainer(GRPOTrainer):
         """TRL's ``GRPOTrainer`` whose loss takes per-token advantages from a draco-gym credit
@@ -144,8 +145,10 @@ def _credit_trainer_class():
         into per-step advantages from the group's verdicts (DRACO: towards the steps the judge
         cited), spread over each step's tokens (observation tokens get 0 and carry no loss
         anyway: ``env_mask``). TRL's loss accepts advantages of shape [B, T]. TRL's logs
-        then show what the credit did (``CreditStats``): ``credit/changed_token_share``,
-        ``credit/step_advantage_spread`` and ``credit/step_advantage_abs_mean``. Needs
+        then show what the credit did, ``apply_credit``'s measures as the RLlib trainer logs
+        them (``CreditedBatch.metrics``): ``credit/changed_token_share``,
+        ``credit/step_advantage_spread``, ``credit/step_advantage_abs_mean``, both inert
+        shares and ``credit/uncredited_citations``. Needs
         ``EnvRollout`` as ``rollout_func`` (its ``trajectory`` column) and one ``TRLReward``
         among ``reward_funcs`` (its verdicts); with several reward functions the credit
         follows that one's verdicts. The G rows of a group must sit on one process (checked):
@@ -172,20 +175,22 @@ def _credit_trainer_class():
             if [t for members, _ in groups for t in members] != trajectories:
                 raise RuntimeError("the reward's groups are not this process's rows: the G rows of a group must "
                                    "sit on one process")
-            advantages = out["advantages"].tolist()
-            width = out["completion_ids"].shape[1]
-            rows, start, stats = [], 0, CreditStats()
-            for members, score in groups:
-                a_group = advantages[start : start + len(members)]
-                for traj, a_i, a_steps in zip(members, a_group, self.credit_rule(members, score, a_group)):
-                    per_token = token_advantages(a_steps, traj.token_step)
-                    tail = per_token[_prompt_length(traj) :][:width]
-                    rows.append(tail + [0.0] * (width - len(tail)))
-                    stats.add(traj, a_i, a_steps)
+            advantages, start = out["advantages"].tolist(), 0
+            per_group = []
+            for members, _ in groups:
+                per_group.append(advantages[start : start + len(members)])
                 start += len(members)
+            # TRL's own A_i, credited by the rule: apply_credit, as in every trainer
+            credited = apply_credit([RolloutGroup(task_id=members[0].task.id, trajectories=members, score=score)
+                                     for members, score in groups], self.credit_rule, per_group)
+            width = out["completion_ids"].shape[1]
+            rows = []
+            for traj, per_token in zip(credited.trajectories, credited.token_advantages):
+                tail = per_token[_prompt_length(traj) :][:width]
+                rows.append(tail + [0.0] * (width - len(tail)))
             self.last_token_advantages = rows
             mode = "train" if self.model.training else "eval"
-            for key, value in stats.metrics().items():
+            for key, value in credited.metrics().items():
                 self._metrics[mode][key].append(value)
             out["advantages"] = torch.tensor(rows, dtype=out["advantages"].dtype, device=out["advantages"].device)
             return out
@@ -215,40 +220,6 @@ def trl_credit_options(name: str, options: dict, model) -> dict:
             raise ValueError(f"credit {name!r} needs {need.value} ({keyword}), which TRL's trainer cannot supply: give "
                              f"credit_options={{{keyword!r}: ...}}")
     return out
-
-
-class CreditStats:
-    """Whether credit changed anything, over one batch of credited trajectories:
-
-    changed_token_share        the share of the policy's tokens whose advantage differs from
-                               its trajectory's A_i (0: the credit rule was plain GRPO here)
-    step_advantage_spread      the mean, over trajectories with two steps or more, of the
-                               population std of their step advantages a_j
-    step_advantage_abs_mean    the mean |a_j| over all steps (as the RLlib trainer logs it)
-    """
-
-    def __init__(self) -> None:
-        self.tokens = self.changed = 0
-        self.spreads: list[float] = []
-        self.magnitudes: list[float] = []
-
-    def add(self, traj: Trajectory, a_i: float, step_advantages: Sequence[float]) -> None:
-        tolerance = 1e-6 * max(1.0, abs(a_i))
-        for step in traj.steps:
-            if step.n_tokens and step.index <= len(step_advantages):
-                self.tokens += step.n_tokens
-                self.changed += step.n_tokens * (abs(step_advantages[step.index - 1] - a_i) > tolerance)
-        values = list(step_advantages)
-        self.magnitudes += [abs(a) for a in values]
-        if len(values) > 1:
-            mean = sum(values) / len(values)
-            self.spreads.append((sum((a - mean) ** 2 for a in values) / len(values)) ** 0.5)
-
-    def metrics(self) -> dict[str, float]:
-        return {"credit/changed_token_share": self.changed / self.tokens if self.tokens else 0.0,
-                "credit/step_advantage_spread": sum(self.spreads) / len(self.spreads) if self.spreads else 0.0,
-                "credit/step_advantage_abs_mean":
-                    sum(self.magnitudes) / len(self.magnitudes) if self.magnitudes else 0.0}
 
 
 def _prompt_length(traj: Trajectory) -> int:

@@ -158,6 +158,24 @@ def test_our_inert_share_compares_against_the_rules_own_base():
     assert batch.inert_credit_share == 1.0
 
 
+def test_the_measures_of_what_credit_changed_by_hand():
+    """Two episodes, A = 1 and -1 handed in (as TRL's trainer does): steps of 2 and 3 tokens
+    credited 1.0 and 2.0 (3 of 5 tokens changed, spread 0.5); one step of 4 tokens credited -1
+    (unchanged). Changed 3/9, spread 0.5 (one trajectory of two steps), mean |a_j| 4/3; inert:
+    the second only, 1/2; no verdicts, so both unanimous in the paper's sense."""
+    first = Trajectory(task=TASK, steps=[Step(index=1, text="a", code="a", n_tokens=2),
+                                         Step(index=2, text="b", code="b", n_tokens=3)])
+    second = Trajectory(task=TASK, steps=[Step(index=1, text="c", code="c", n_tokens=4)])
+    group = RolloutGroup(task_id=TASK.id, trajectories=[first, second],
+                         score=GroupScore(scores=[TrajectoryScore(reward=0.0), TrajectoryScore(reward=0.0)]))
+    batch = apply_credit([group], lambda trajs, score, adv: [[1.0, 2.0], [-1.0]], [[1.0, -1.0]])
+    assert batch.metrics() == pytest.approx({
+        "credit/changed_token_share": 3 / 9, "credit/step_advantage_spread": 0.5,
+        "credit/step_advantage_abs_mean": 4 / 3, "credit/inert_share": 0.5, "credit/paper_inert_share": 1.0,
+        "credit/uncredited_citations": 0})
+    assert batch.group_advantages == [[1.0, -1.0]] and batch.base_advantages == [1.0, -1.0]
+
+
 def test_the_closing_message_no_longer_gets_the_biggest_per_token_push():
     # With every turn a step (the old reading), the closing message took Q = 1 over 4 tokens:
     # w = [1, 1/2, 1], a_3 = 84 / (4 * 2.5) = 8.4, six times a_1 = 0.84. Now it gets A_i.

@@ -98,22 +98,6 @@ def _completion_steps(traj, width):
     return steps + [GAP] * (width - len(steps))
 
 
-def test_credit_stats_by_hand():
-    """Two episodes: A = 1 with steps of 2 and 3 tokens credited 1.0 and 2.0 (3 of 5 tokens
-    changed, spread 0.5); A = -1 credited -1 on its one step of 4 tokens (unchanged)."""
-    from draco_gym.algos.trl import CreditStats
-    from draco_gym.types import Step, Task, Trajectory
-
-    task = Task(id="t", instruction="i")
-    first = Trajectory(task=task, steps=[Step(index=1, text="a", n_tokens=2), Step(index=2, text="b", n_tokens=3)])
-    second = Trajectory(task=task, steps=[Step(index=1, text="c", n_tokens=4)])
-    stats = CreditStats()
-    stats.add(first, 1.0, [1.0, 2.0])
-    stats.add(second, -1.0, [-1.0])
-    assert stats.metrics() == pytest.approx({"credit/changed_token_share": 3 / 9, "credit/step_advantage_spread": 0.5,
-                                             "credit/step_advantage_abs_mean": 4 / 3})
-
-
 def docs_trl_snippet() -> str:
     import re
     from pathlib import Path

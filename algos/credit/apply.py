@@ -21,30 +21,51 @@ from draco_gym.types import RolloutGroup, Trajectory, TrajectoryScore
 
 @dataclass
 class CreditedBatch:
-    """The iteration's trajectories in group order, each with its credit.
+    """The iteration's trajectories in group order, each with its credit, and the measures of
+    what the credit did: the only statistics of credit (the RLlib trainer, TRL's trainer and
+    the example read them).
 
     ``step_advantages[i][j]`` is a_j of trajectory i, ``token_advantages[i]`` the same per
-    token of ``trajectories[i].token_ids``. Two measures of credit that changes nothing:
+    token of ``trajectories[i].token_ids``; ``base_advantages[i]`` the A_i the rule built on
+    (its own: the outcome's for TRCA and ProVer, else the group's). What the credit changed:
 
-    ``inert_credit_share``   ours: the share of trajectories with A_i != 0 whose steps all
-                             got exactly A_i (the rule changed nothing, for any reason)
-    ``paper_inert_share``    the paper's (its appendix B.3, 76.4% static / 48.1% dynamic):
-                             the share of all rollouts whose surviving verdicts are unanimous
-                             (every PASS/FAIL verdict the same, or none at all), where DRACO's
-                             weights are all equal; a rollout of a group without verdicts
-                             (e.g. the outcome reward) counts as unanimous
-
-    ``uncredited_citations`` counts the citations of turns without code that reach no credit
-    step (``core.uncredited_citations``; none under ``turns_without_code: attach``).
+    ``inert_credit_share``     ours: the share of trajectories with A_i != 0 whose credit
+                               steps all got exactly their A_i (the rule changed nothing, for
+                               any reason)
+    ``paper_inert_share``      the paper's (its appendix B.3, 76.4% static / 48.1% dynamic):
+                               the share of all rollouts whose surviving verdicts are
+                               unanimous (every PASS/FAIL verdict the same, or none at all),
+                               where DRACO's weights are all equal; a rollout of a group
+                               without verdicts (e.g. the outcome reward) counts as unanimous
+    ``uncredited_citations``   the citations of turns without code that reach no credit step
+                               (``core.uncredited_citations``; none under
+                               ``turns_without_code: attach``)
+    ``changed_token_share``    the share of the policy's tokens whose advantage differs from
+                               their trajectory's A_i (0: plain GRPO there)
+    ``step_advantage_spread``  the mean, over trajectories of two steps or more, of the
+                               population std of their a_j
+    ``step_advantage_abs_mean`` the mean |a_j| over all steps
     """
 
     trajectories: list[Trajectory]
     group_advantages: list[list[float]]
     step_advantages: list[list[float]]
     token_advantages: list[list[float]]
+    base_advantages: list[float]
     inert_credit_share: float
-    paper_inert_share: float = 0.0
-    uncredited_citations: int = 0
+    paper_inert_share: float
+    uncredited_citations: int
+    changed_token_share: float
+    step_advantage_spread: float
+    step_advantage_abs_mean: float
+
+    def metrics(self) -> dict[str, float]:
+        """The measures under the names both trainers log them (``credit/...``)."""
+        return {"credit/inert_share": self.inert_credit_share, "credit/paper_inert_share": self.paper_inert_share,
+                "credit/uncredited_citations": self.uncredited_citations,
+                "credit/changed_token_share": self.changed_token_share,
+                "credit/step_advantage_spread": self.step_advantage_spread,
+                "credit/step_advantage_abs_mean": self.step_advantage_abs_mean}
 
 
 def unanimous(score: TrajectoryScore | None) -> bool:
@@ -62,33 +83,66 @@ def inert(trajectory: Trajectory, base: float, step_advantages: Sequence[float])
                for step in trajectory.steps if step.is_credit_step)
 
 
-def apply_credit(groups: Sequence[RolloutGroup], rule: CreditRule) -> CreditedBatch:
+def changed_tokens(trajectory: Trajectory, base: float, step_advantages: Sequence[float]) -> tuple[int, int]:
+    """(tokens whose advantage differs from ``base``, the policy's tokens) of one trajectory."""
+    tolerance = 1e-6 * max(1.0, abs(base))
+    tokens = changed = 0
+    for step, a in zip(trajectory.steps, step_advantages):
+        tokens += step.n_tokens
+        changed += step.n_tokens * (abs(a - base) > tolerance)
+    return changed, tokens
+
+
+def spread(values: Sequence[float]) -> float:
+    """The population std of ``values``."""
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((a - mean) ** 2 for a in values) / len(values))
+
+
+def apply_credit(groups: Sequence[RolloutGroup], rule: CreditRule,
+                 advantages: Sequence[Sequence[float]] | None = None) -> CreditedBatch:
     """``groups``: scored groups (the reward has run on each). ``rule`` as ``get_credit_rule``
     builds it (its ``base_advantages`` and ``uncredited_citations`` feed the measures); a bare
-    ``CreditRule`` is measured against the group advantages and counts no citations."""
-    trajectories, per_group, step_adv, token_adv = [], [], [], []
-    inert_count = nonzero = agreeing = uncredited = 0
+    ``CreditRule`` is measured against the group advantages and counts no citations.
+    ``advantages``: each group's A_i where the trainer computes them itself (TRL); by default
+    the group-normalised rewards (``group_advantages``)."""
+    if advantages is not None and len(advantages) != len(groups):
+        raise ValueError(f"{len(advantages)} rows of advantages for {len(groups)} groups")
+    trajectories, per_group, step_adv, token_adv, bases = [], [], [], [], []
+    inert_count = nonzero = agreeing = uncredited = changed = tokens = 0
+    spreads: list[float] = []
     count_uncredited = getattr(rule, "uncredited_citations", None)
     rule_base = getattr(rule, "base_advantages", None)
-    for group in groups:
+    for k, group in enumerate(groups):
         trajs, score = group.trajectories, group.score
         if score is None:
             raise ValueError(f"group of task {group.task_id!r} is not scored: credit needs its verdicts")
-        advantages = group_advantages(score.rewards)
-        per_group.append(advantages)
+        group_adv = group_advantages(score.rewards) if advantages is None else [float(a) for a in advantages[k]]
+        per_group.append(group_adv)
         scores = list(score.scores) or [None] * len(trajs)
         agreeing += sum(unanimous(s) for s in scores)
         if count_uncredited is not None:
             uncredited += count_uncredited(trajs, score)
-        credited = rule(trajs, score, advantages)
-        bases = rule_base(trajs, score, advantages) if rule_base is not None else advantages
-        for traj, base, a_steps in zip(trajs, bases, credited):
+        credited = rule(trajs, score, group_adv)
+        group_bases = rule_base(trajs, score, group_adv) if rule_base is not None else group_adv
+        for traj, base, a_steps in zip(trajs, group_bases, credited):
             trajectories.append(traj)
             step_adv.append(a_steps)
+            bases.append(base)
             token_adv.append(token_advantages(a_steps, traj.token_step))
             if base != 0:
                 nonzero += 1
                 inert_count += inert(traj, base, a_steps)
-    return CreditedBatch(trajectories, per_group, step_adv, token_adv, inert_count / nonzero if nonzero else 0.0,
-                         paper_inert_share=agreeing / len(trajectories) if trajectories else 0.0,
-                         uncredited_citations=uncredited)
+            moved, n = changed_tokens(traj, base, a_steps)
+            changed, tokens = changed + moved, tokens + n
+            if len(a_steps) > 1:
+                spreads.append(spread(a_steps))
+    magnitudes = [abs(a) for a_steps in step_adv for a in a_steps]
+    return CreditedBatch(
+        trajectories, per_group, step_adv, token_adv, bases,
+        inert_credit_share=inert_count / nonzero if nonzero else 0.0,
+        paper_inert_share=agreeing / len(trajectories) if trajectories else 0.0,
+        uncredited_citations=uncredited,
+        changed_token_share=changed / tokens if tokens else 0.0,
+        step_advantage_spread=sum(spreads) / len(spreads) if spreads else 0.0,
+        step_advantage_abs_mean=sum(magnitudes) / len(magnitudes) if magnitudes else 0.0)

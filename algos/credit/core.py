@@ -168,7 +168,9 @@ def token_advantages(step_advantages: Sequence[float], token_step_index: Sequenc
     token (-1) gets 0. Vectorised: a long multi-turn batch has millions of tokens."""
     a = [check_finite(x, f"step_advantages[{j}]") for j, x in enumerate(step_advantages)]
     index = np.asarray(token_step_index)
-    if index.size and index.dtype.kind not in "iu":
+    if not index.size:  # a trajectory without tokens (no policy tokenizer ran over it)
+        return []
+    if index.dtype.kind not in "iu":
         raise ValueError(f"token_step_index must hold integers, got dtype {index.dtype}")
     bad = np.flatnonzero((index != GAP) & ((index < 1) | (index > len(a))))
     if bad.size:

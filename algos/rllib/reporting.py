@@ -66,7 +66,6 @@ def iteration_metrics(groups: Sequence[RolloutGroup], batch, timers: dict[str, f
     fallbacks = count_fallbacks(g.score for g in groups)
     agreement = outcome_agreement((g.score.rewards, [t.metrics.get(OUTCOME) for t in g.trajectories])
                                   for g in groups)
-    step_credit = [abs(a) for per_step in batch.step_advantages for a in per_step]
     return {
         **_spread("env_runners/episode_return", returns),
         "env_runners/episode_return_std": float(np.std(returns)) if returns else 0.0,
@@ -88,14 +87,11 @@ def iteration_metrics(groups: Sequence[RolloutGroup], batch, timers: dict[str, f
         **({"judge/outcome_agreement": agreement} if agreement is not None else {}),
         "judge/calls": usage["calls"], "judge/prompt_tokens": usage["prompt_tokens"],
         "judge/completion_tokens": usage["completion_tokens"], "judge/cost": float(usage["cost"]),
-        # credit that changed nothing: ours (steps all at the rule's own A_i) and the paper's
-        # (rollouts whose verdicts are unanimous), and citations no credit step holds
-        "credit/inert_share": batch.inert_credit_share,
-        "credit/paper_inert_share": batch.paper_inert_share,
-        "credit/uncredited_citations": batch.uncredited_citations,
+        # what the credit did (credit/apply.py's measures: both inert shares, uncredited
+        # citations, changed tokens, the spread and size of a_j)
+        **batch.metrics(),
         # groups whose rewards differ: with none, every advantage is 0 and nothing is learned
         "credit/groups_with_spread": sum(float(np.std(g.score.rewards)) > 1e-12 for g in groups),
-        "credit/step_advantage_abs_mean": float(np.mean(step_credit)) if step_credit else 0.0,
         **{f"timers/phases/{phase}": seconds for phase, seconds in timers.items()},
         "timers/phases/other": max(total_s - sum(timers.values()), 0.0),
     }
