@@ -28,7 +28,7 @@ from typing import TypeVar
 
 from draco_gym.algos.credit.core import (TURNS_WITHOUT_CODE, CreditRule, TurnsWithoutCode, credit_owners, credit_view,
                                          from_credit_steps, uncredited_citations)
-from draco_gym.algos.credit.spec import CreditSpec, NeedsDecl, RuleOptions, check_option_labels
+from draco_gym.algos.credit.spec import CreditSpec, Need, NeedsDecl, RuleOptions, check_option_labels
 from draco_gym.registry import Registry
 from draco_gym.types import GroupScore, Trajectory
 
@@ -76,8 +76,8 @@ def get_credit_rule(name: str, *, turns_without_code: TurnsWithoutCode = "trajec
     advantage."""
     entry = CREDIT_RULES.get(name)
     validated, inputs = entry.spec.parse(options)
-    return CheckedRule(entry.factory(validated, **inputs), entry.spec.reads_scores, turns_without_code,
-                       options=validated)
+    return CheckedRule(entry.factory(validated, **inputs), Need.VERDICTS in entry.spec.needs(validated),
+                       turns_without_code, options=validated)
 
 
 def check_group(trajectories: Sequence[Trajectory], group: GroupScore, advantages: Sequence[float], *,

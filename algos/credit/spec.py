@@ -79,8 +79,8 @@ NeedsDecl = Iterable[Need] | Callable[[Any], Iterable[Need]]
 @dataclass(frozen=True)
 class CreditSpec:
     """One rule's declaration (``credit_rule`` makes it): its ``options`` model, what it
-    ``needs`` (a set, or a function of its validated options), the ``inputs`` its factory takes
-    by keyword, and whether its group must carry verdicts (``Need.VERDICTS``)."""
+    ``needs`` (a set, or a function of its validated options) and the ``inputs`` its factory
+    takes by keyword."""
 
     name: str
     options: type[RuleOptions]
@@ -93,10 +93,6 @@ class CreditSpec:
         if callable(decl):
             decl = decl(options if options is not None else self.options())
         return frozenset(decl)
-
-    @property
-    def reads_scores(self) -> bool:
-        return Need.VERDICTS in self.needs()
 
     def option_names(self) -> list[str]:
         return list(self.options.model_fields)
