@@ -45,6 +45,7 @@ The episode is truncated (``max_turns``) after ``max_turns`` messages.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -75,17 +76,33 @@ class UnicodeText(spaces.Text):
 
     Gymnasium's ``Text`` defaults to an alphanumeric charset, and ``check_env`` then rejects
     any observation holding a newline or a brace, i.e. every real tool output. Over the
-    full charset, ``Text.__init__`` spends ~3 s building index tables that only flattening
-    uses; this subclass builds the set and list it needs for ``contains`` and ``sample``
-    (shared by all instances) and the rest on first use, and pickles as its arguments.
-    """
+    full charset, ``Text.__init__`` would build a set, a list and an index of 1.1 million
+    one-character strings: ~3 s and ~210 MiB in every process that builds an environment
+    (the driver and each env runner). Here ``contains`` asks only that every character be a
+    Unicode scalar value (no lone surrogate), and the tables are built on first use by what
+    needs them (``sample``, flattening); the space pickles as its arguments."""
 
     def __init__(self, max_length: int = 1_000_000, min_length: int = 0) -> None:
         if not 0 <= min_length <= max_length:
             raise ValueError(f"need 0 <= min_length <= max_length, got {min_length}, {max_length}")
         self.min_length, self.max_length = int(min_length), int(max_length)
-        self._char_set, self._char_list = _unicode_tables()
         spaces.Space.__init__(self, dtype=str)
+
+    def contains(self, x: Any) -> bool:
+        return (isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+                and _SURROGATE.search(x) is None)
+
+    def __eq__(self, other: Any) -> bool:
+        return (isinstance(other, UnicodeText) and self.min_length == other.min_length
+                and self.max_length == other.max_length)
+
+    @functools.cached_property
+    def _char_set(self) -> frozenset[str]:
+        return _unicode_tables()[0]
+
+    @functools.cached_property
+    def _char_list(self) -> tuple[str, ...]:
+        return _unicode_tables()[1]
 
     @functools.cached_property
     def _char_index(self) -> dict[str, np.int32]:
@@ -100,6 +117,10 @@ class UnicodeText(spaces.Text):
 
     def __repr__(self) -> str:
         return f"UnicodeText({self.min_length}, {self.max_length})"
+
+
+# What no Unicode scalar value is: a lone surrogate (a Python str can hold one).
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @functools.lru_cache(maxsize=1)

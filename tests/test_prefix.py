@@ -298,3 +298,37 @@ def test_probe_catches_a_prefix_forward_that_is_wrong(tiny_model, monkeypatch):
     finally:
         handle.remove()
     assert reason is not None and "differ" in reason
+
+
+def test_checkpointed_gradient_through_a_shared_prefix_equals_the_plain_one(model_dir):
+    """``policy.gradient_checkpointing``: every decoder layer is recomputed in the backward
+    (its forward runs again), the prompt is still shared (the prefix's and the
+    continuations' caches are one-pass caches a recomputed layer reads as the first time),
+    and the LoRA gradient is the one without checkpointing, to 1e-5 relative."""
+    plain = make_module(model_dir)
+    checkpointed = make_module(model_dir)
+    checkpointed.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    checkpointed.lm.enable_input_require_grads()
+    for m in checkpointed.lm.modules():
+        if getattr(m, "gradient_checkpointing", False):
+            m._can_checkpoint_with_cache = True
+    assert checkpointed.prefix_sharing() is None
+    batch = with_old_logprobs(plain, synthetic_batch(vocab(plain)))
+    expected = lora_grad(plain, batch, 10**9, share=False)
+    layer = next(m for m in checkpointed.lm.modules() if getattr(m, "gradient_checkpointing", False))
+    runs = []
+    layer.register_forward_hook(lambda *args: runs.append(torch.is_grad_enabled()))
+    for budget in (10**9, 20):
+        runs.clear()
+        assert relative(lora_grad(checkpointed, batch, budget, share=True), expected) < 1e-5
+        # forwards with gradient (prefix, continuations) and the backward's recomputations
+        assert runs.count(True) >= 4, runs
+
+
+def test_the_module_knob_checkpoints_and_keeps_sharing(tiny_model):
+    module = HFPolicyModule(observation_space=None, action_space=None, inference_only=False,
+                            model_config={"model": str(tiny_model), "lora": {"r": 4, "alpha": 8},
+                                          "gradient_checkpointing": True})
+    assert module.prefix_sharing() is None
+    assert all(getattr(m, "_can_checkpoint_with_cache", False) for m in module.lm.modules()
+               if getattr(m, "gradient_checkpointing", False))

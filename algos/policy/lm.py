@@ -83,10 +83,10 @@ def token_logprobs(lm, input_ids, attention_mask, policy_mask, temperature: floa
         hidden = prefix.row_hidden(input_ids, attention_mask)
         return chosen_logprobs(hidden[:, :-1][targets], prefix.head, chosen, temperature, chunk_tokens)
     if backbone is not None:
-        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         return chosen_logprobs(hidden[:, :-1][targets], head, chosen, temperature, chunk_tokens)
     # a model without a separable head: its full logits, then the same log-softmax
-    logits = lm(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][targets]
+    logits = lm(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1][targets]
     return chosen_logprobs(logits, torch.nn.Identity(), chosen, temperature, chunk_tokens)
 
 

@@ -94,6 +94,53 @@ def _layers_kv(cache) -> list:
     return list(zip(cache.key_cache, cache.value_cache))  # transformers < 4.54
 
 
+def _one_pass_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class OnePassLayer(DynamicLayer):
+        """One layer's keys and values for a single forward pass: ``update`` sets them to the
+        prefix's (``base``, when given) followed by the new ones, and returns them. The same
+        call made twice returns the same tensors, so a decoder layer recomputed under
+        activation checkpointing sees what it saw the first time; ``DynamicLayer`` would
+        append the new keys a second time."""
+
+        def __init__(self, base_keys=None, base_values=None) -> None:
+            super().__init__()
+            self.base = (base_keys, base_values)
+            if base_keys is not None:
+                self.lazy_initialization(base_keys, base_values)
+                self.keys, self.values = base_keys, base_values
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            import torch
+
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            base_keys, base_values = self.base
+            self.keys = key_states if base_keys is None else torch.cat([base_keys, key_states], dim=-2)
+            self.values = value_states if base_values is None else torch.cat([base_values, value_states], dim=-2)
+            return self.keys, self.values
+
+    return OnePassLayer
+
+
+def one_pass_cache(base: list[tuple] | None = None):
+    """A ``DynamicCache`` for one forward pass, empty or holding ``base`` (per layer, the
+    prefix's keys and values), whose layers can be recomputed (``OnePassLayer``): the cache
+    the learner's prefix and continuation passes use, with or without activation
+    checkpointing."""
+    from transformers import DynamicCache
+
+    layer = _one_pass_layer_class()
+    cache = DynamicCache()
+    if base is None:
+        cache.layer_class_to_replicate = layer
+    else:
+        cache.layer_class_to_replicate = None
+        cache.layers = [layer(k, v) for k, v in base]
+    return cache
+
+
 class SharedPrefix:
     """One prefix's hidden states and per-layer keys/values, computed once (batch 1).
 
@@ -105,16 +152,14 @@ class SharedPrefix:
 
     def __init__(self, lm, prefix_ids, *, grad: bool) -> None:
         import torch
-        from transformers import DynamicCache
 
         self.backbone, self.head = decoder_and_head(lm)
         self.length = int(prefix_ids.shape[-1])
         self._cache_kw = cache_argument(self.backbone)
         ids = prefix_ids.reshape(1, -1).long()
+        cache = one_pass_cache()  # read here: a model under checkpointing returns no cache
         with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
-            out = self.backbone(input_ids=ids, use_cache=True, **{self._cache_kw: DynamicCache()})
-        cache = getattr(out, self._cache_kw, None)
-        cache = out.past_key_values if cache is None else cache
+            out = self.backbone(input_ids=ids, use_cache=True, **{self._cache_kw: cache})
         self._outputs = [out.last_hidden_state] + [t for kv in _layers_kv(cache) for t in kv]
         self.grad = self._outputs[0].requires_grad
         self._leaves = [t.detach().requires_grad_() for t in self._outputs] if self.grad else self._outputs
@@ -123,15 +168,14 @@ class SharedPrefix:
         """Last hidden states [rows, width] of full rows (right-padded) that begin with the
         prefix: the prefix's own, then the continuations' computed against its cache."""
         import torch
-        from transformers import DynamicCache
 
         rows, width = input_ids.shape
         P = self.length
         if width <= P:
             raise ValueError(f"rows of {width} tokens have no continuation after a {P}-token prefix")
         kv = self._leaves[1:]
-        cache = DynamicCache(ddp_cache_data=[(kv[2 * i].expand(rows, -1, -1, -1), kv[2 * i + 1].expand(rows, -1, -1, -1))
-                                             for i in range(len(kv) // 2)])
+        cache = one_pass_cache([(kv[2 * i].expand(rows, -1, -1, -1), kv[2 * i + 1].expand(rows, -1, -1, -1))
+                                for i in range(len(kv) // 2)])
         own = attention_mask[:, P:].long()
         mask = torch.cat([torch.ones(rows, P, dtype=own.dtype, device=own.device), own], dim=1)
         positions = torch.arange(P, width, device=input_ids.device).expand(rows, -1)
@@ -169,7 +213,8 @@ def sharing_unsupported(lm) -> str | None:
         return f"layers of type {sorted(kinds - {'full_attention'})}: their cache is not the prefix's full keys/values"
     if not kinds and getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         return "sliding-window attention: its cache is not the prefix's full keys/values"
-    if any(getattr(m, "gradient_checkpointing", False) for m in backbone.modules()):
+    if any(getattr(m, "gradient_checkpointing", False) and not getattr(m, "_can_checkpoint_with_cache", False)
+           for m in backbone.modules()):
         return "gradient checkpointing drops the KV cache that carries the prefix"
     if cache_argument(backbone) not in inspect.signature(type(backbone).forward).parameters:
         return "the decoder's forward takes no KV cache"

@@ -735,9 +735,36 @@ class GRPO(Algorithm):
 
     def rollout(self, task_ids: list[str], *, group_size: int = 1, temperature: float | None = None,
                 score: bool = True, seed: int = 0) -> list[RolloutGroup]:
-        """Episodes of the given tasks with the current policy, no update (evaluation)."""
-        groups, _ = self.sample(list(task_ids), seed=seed, temperature=temperature, group_size=group_size)
-        return self.score(groups)[0] if score else groups
+        """Episodes of the given tasks with the current policy, no update (evaluation).
+
+        Sampled at most a training iteration's episodes at a time (``rollout_chunks``): an
+        env runner's memory grows with the episodes it samples at once (their KV cache, one
+        environment each), and an evaluation of every held-out task in one call would peak
+        far above the training it evaluates. Each chunk has a seed of its own, the same for
+        the same tasks, so two policies evaluated with one seed still meet the same episodes."""
+        rows = self.config.run.rollout.group_size * self.config.run.rollout.tasks_per_iteration
+        out: list[RolloutGroup] = []
+        for k, chunk in enumerate(rollout_chunks(list(task_ids), group_size, rows)):
+            groups, _ = self.sample(chunk, seed=seed + CHUNK_SEED_STRIDE * k, temperature=temperature,
+                                    group_size=group_size)
+            out += self.score(groups)[0] if score else groups
+        return out
+
+
+# Seeds of consecutive evaluation chunks lie this far apart (a prime above any chunk's episodes,
+# so no two episodes of an evaluation share a seed).
+CHUNK_SEED_STRIDE = 104_729
+
+
+def rollout_chunks(task_ids: list[str], group_size: int, max_episodes: int) -> list[list[str]]:
+    """``task_ids`` cut into consecutive chunks of as even size as they divide, each of at most
+    ``max_episodes`` episodes (``group_size`` per task; a task whose group alone is larger
+    makes a chunk of its own)."""
+    if not task_ids:
+        return []
+    per_chunk = max(1, max_episodes // max(1, group_size))
+    n = -(-len(task_ids) // per_chunk)
+    return [list(part) for part in np.array_split(np.array(task_ids, dtype=object), n)]
 
 
 def _shard(runners, items: list) -> tuple[tuple[int, ...], tuple[list, ...]]:

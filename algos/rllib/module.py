@@ -43,6 +43,12 @@ class HFPolicyModule(TorchRLModule):
         if cfg.get("gradient_checkpointing"):
             self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.lm.enable_input_require_grads()
+            # The learner's passes with gradient give a layer either no cache or a one-pass
+            # cache (prefix.one_pass_cache), which a recomputed layer reads as the first time:
+            # the cache that carries a shared prefix may stay under checkpointing.
+            for m in self.lm.modules():
+                if getattr(m, "gradient_checkpointing", False):
+                    m._can_checkpoint_with_cache = True
         self.lm.eval()  # dropout is already 0; eval() also keeps it off if train() is called
 
     # -- RLlib forward passes -------------------------------------------------------------
