@@ -4,6 +4,7 @@ needs is what the trainer supplies; ``turns_without_code: gap`` is reachable."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -124,3 +125,20 @@ def test_trl_supplies_the_base_policy_and_refuses_continuations():
 def test_an_unknown_option_names_the_closest_and_the_inputs():
     with pytest.raises(ValueError, match="credit 'trace' takes no option 'scorrer'; did you mean 'scorer'"):
         credit_spec("trace").parse({"scorrer": None})
+
+
+def test_the_credit_pages_rule_of_your_own_runs_as_written():
+    """docs/credit.md's custom-rule snippet registers, takes its option and credits the last step."""
+    import re
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "credit.md").read_text()
+    [snippet] = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "last_step" in b]
+    namespace: dict = {}
+    try:
+        exec(compile(snippet, "docs/credit.md", "exec"), namespace)
+        trajs = [Trajectory(task=Task(id="t", instruction="i"), steps=[Step(index=j, text="x", code="x", n_tokens=3) for j in (1, 2)])
+                 for _ in range(2)]
+        group = GroupScore(scores=[TrajectoryScore.from_verdicts([]), TrajectoryScore.from_verdicts([])])
+        assert namespace["rule"](trajs, group, [1.0, -1.0]) == [[0.0, 2.0], [0.0, -2.0]]
+    finally:
+        CREDIT_RULES._entries.pop("last_step", None)
