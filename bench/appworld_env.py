@@ -1,23 +1,21 @@
 """AppWorld-v0 against the engine alone: step latency, server start-up, memory, throughput.
 
-1. Step latency. The same code blocks (the offline suite's reference solutions) run four ways:
+1. Step latency. The same code blocks (the offline suite's reference solutions) run three ways:
    - engine (raw): ``AppWorld.execute(code)`` inside the engine's own process (the isolated
      runtime), no client, no transport, no hook: the floor;
    - engine+hook: the same with the server's audit hook installed, to show what that layer
      costs apart from the transport;
-   - env guard: ``AppWorldEnv(sandbox="guard").step(message)``: find the block, send it to
-     the environment server over its pipes, the same ``execute`` there, record the step;
-   - env bwrap: the same with the server inside bubblewrap (``sandbox="bwrap"``).
+   - env: ``AppWorldEnv(sandbox="bwrap").step(message)`` (AppWorld's only mode): find the
+     block, send it to the environment server in bubblewrap over its socket, the same
+     ``execute`` there, record the step.
    All run every episode from a fresh task load; their episodes alternate so machine load
    hits them alike. Each step keeps its minimum over
    ``--repeats`` episodes (as ``timeit`` advises on a shared machine); the figures are sums of
-   those minima. Goals: env/engine <= 1.10; the OS sandbox adds <= 5% per step (env bwrap /
-   env guard <= 1.05).
+   those minima. Goal: env/engine <= 1.10.
    Each episode is also timed whole (task load, the steps, the evaluation), the engine's
    as ``AppWorld(...)``, its executions and ``evaluate()`` in one process, the env's as
    ``reset``, the steps and the closing message (which evaluates in the pool's evaluator).
-2. Server start-up, per sandbox mode: processes start until the server is ready (goal:
-   bwrap adds <= 0.5 s), the first task load, and a later task load on the same (warm)
+2. Server start-up: processes start until the server is ready, the first task load, and a later task load on the same (warm)
    server, which is what every further episode pays (a fresh shell forked included).
 3. Memory per server: resident set size of a server's process trees (world, shell fork
    server and the episode's shell) after an episode, and of the pool's evaluator.
@@ -43,8 +41,6 @@ from draco_gym.envs.appworld.runtime import print_progress
 from draco_gym.envs.appworld.server import ENGINE_SCRIPT, Evaluator
 
 GOAL = 1.10
-SANDBOX_STEP_GOAL = 1.05
-SANDBOX_START_GOAL_S = 0.5
 
 ENGINE_LOOP = textwrap.dedent("""
     import json, sys, time
@@ -136,18 +132,17 @@ def bench_latency(source, runtime, tasks: list[str], repeats: int, scratch: Path
         link.symlink_to(source.data_dir)
     engine = EngineInProcess(runtime, scratch)
     sandboxed = EngineInProcess(runtime, scratch, sandbox=True)
-    pools = {mode: ServerPool(runtime, source.data_dir, max_servers=1, sandbox=mode) for mode in ("guard", "bwrap")}
+    pools = {"bwrap": ServerPool(runtime, source.data_dir, max_servers=1, sandbox="bwrap")}
     envs = {mode: AppWorldEnv("train", data_root=source.data_dir, pool=pool, show_progress=False)
             for mode, pool in pools.items()}
-    best = {"engine": {}, "engine+sandbox": {}, "env": {}, "env bwrap": {}}
+    best = {"engine": {}, "engine+sandbox": {}, "env": {}}
     episodes = {name: {} for name in best}
     try:
         for r in range(repeats):
             for task_id in tasks:
                 blocks = source.ground_truth_file(task_id, "reference_solution.json")
                 for name, run in (("engine", engine.episode), ("engine+sandbox", sandboxed.episode),
-                                  ("env", lambda t, b: env_episode(envs["guard"], t, b)),
-                                  ("env bwrap", lambda t, b: env_episode(envs["bwrap"], t, b))):
+                                  ("env", lambda t, b: env_episode(envs["bwrap"], t, b))):
                     times, whole = run(task_id, blocks)
                     previous = best[name].get(task_id, [float("inf")] * len(times))
                     best[name][task_id] = [min(a, b) for a, b in zip(previous, times)]
@@ -179,9 +174,6 @@ def bench_latency(source, runtime, tasks: list[str], repeats: int, scratch: Path
         "ratio_completing": total("env", bool) / total("engine", bool),
         "sandbox_ratio": total("engine+sandbox", lambda c: True) / total("engine", lambda c: True),
         "env_vs_sandboxed": total("env", lambda c: True) / total("engine+sandbox", lambda c: True),
-        "bwrap_ms_per_step": 1000 * total("env bwrap", lambda c: True) / steps,
-        "bwrap_vs_guard": total("env bwrap", lambda c: True) / total("env", lambda c: True),
-        "bwrap_vs_engine": total("env bwrap", lambda c: True) / total("engine", lambda c: True),
     }
 
 
@@ -280,19 +272,16 @@ def main() -> None:
 
     latency = bench_latency(source, runtime, tasks, args.repeats, runtime.home / "bench-scratch")
     print(f"step latency over {latency['steps']} steps: engine {latency['engine_ms_per_step']:.1f} ms/step, "
-          f"env (guard) {latency['env_ms_per_step']:.1f} ms/step, env/engine {latency['ratio']:.3f} "
+          f"env (bwrap) {latency['env_ms_per_step']:.1f} ms/step, env/engine {latency['ratio']:.3f} "
           f"(goal <= {GOAL}: {'met' if latency['ratio'] <= GOAL else 'NOT met'}); "
           f"{latency['other_steps']} steps without complete_task {latency['ratio_other']:.3f}, "
           f"the {latency['steps'] - latency['other_steps']} completing steps {latency['ratio_completing']:.3f}")
     print(f"  of which the audit hook alone (engine+hook / engine): {latency['sandbox_ratio']:.3f}; "
           f"env / engine+hook (transport, client, completion check): {latency['env_vs_sandboxed']:.3f}")
-    print(f"  env bwrap {latency['bwrap_ms_per_step']:.1f} ms/step: bwrap/engine {latency['bwrap_vs_engine']:.3f}, "
-          f"bwrap/guard {latency['bwrap_vs_guard']:.3f}")
     episode = latency["episode_s"]
     print(f"episode (task load, steps, evaluation), mean over tasks of the minimum: engine {episode['engine']:.2f} s, "
-          f"env (guard) {episode['env']:.2f} s, env bwrap {episode['env bwrap']:.2f} s; "
-          f"env bwrap/engine {episode['env bwrap'] / episode['engine']:.2f}")
-    startups = bench_startup(source, runtime, ("guard", "bwrap"), args.starts)
+          f"env (bwrap) {episode['env']:.2f} s; env/engine {episode['env'] / episode['engine']:.2f}")
+    startups = bench_startup(source, runtime, ("bwrap",), args.starts)
     for mode, startup in startups.items():
         print(f"server start ({mode}) until ready: {startup['start_s']:.2f} s (max {startup['start_s_max']:.2f} s of {args.starts}); "
               f"first task load: {startup['first_load_s']:.2f} s, next (warm server): {startup['warm_load_s']:.2f} s; "
@@ -305,12 +294,6 @@ def main() -> None:
         one = bench_throughput(source, runtime, tasks, args.episodes, 1)
         two = bench_throughput(source, runtime, tasks, args.episodes, 2)
         print(f"throughput: 1 server {one:.3f} episodes/s, 2 servers {two:.3f} episodes/s, speed-up {two / one:.2f}x")
-    start_cost = startups["bwrap"]["start_s"] - startups["guard"]["start_s"]
-    step_ok, start_ok = latency["bwrap_vs_guard"] <= SANDBOX_STEP_GOAL, start_cost <= SANDBOX_START_GOAL_S
-    print(f"OS sandbox (bwrap) vs guard alone: step latency ratio {latency['bwrap_vs_guard']:.3f} "
-          f"(goal <= {SANDBOX_STEP_GOAL}: {'met' if step_ok else 'NOT met'}), server start {start_cost:+.2f} s "
-          f"(goal <= {SANDBOX_START_GOAL_S} s: {'met' if start_ok else 'NOT met'}; bare {bare['bwrap'] - bare['plain']:+.3f} s); "
-          f"vs raw engine {latency['bwrap_vs_engine']:.3f}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ Four families, each the boundary a policy under RL pressure would probe:
                  signals (``bench/python_tools_hacks.py``'s ``HACKS``)
     appworld     agent code against AppWorld-v0's outcome on the real engine: the evaluator
                  patched, the ground truth read from memory or disk, the engine's replies
-                 forged, a plant left for the next episode (``tests/appworld_hacks.py``)
+                 forged, a plant left for the next episode (``tests/appworld_hacks.py``).
+                 AppWorld runs only under bwrap: in ``guard`` the one row is the refusal
+                 (held when building the environment raises naming bwrap, forged when an
+                 environment is built)
     rubric       the judge-free rule rubric on the quickstart's tasks: a no-op, a print-only
                  and a comment-only attempt (the reference commented out, a wrong answer
                  submitted) scored in one group with the reference; each attempt that is not
@@ -26,7 +29,7 @@ measures it for a given judge.
     python bench/reward_hacks.py [--families pythontools appworld rubric judge] [--sandboxes guard bwrap]
 
 Each sandbox mode runs the whole catalogue; ``guard`` first, since what it does not isolate
-is named in docs/safety.md and some hacks get past it. Needs AppWorld's runtime and offline
+is named in docs/safety.md (AppWorld refuses it). Needs AppWorld's runtime and offline
 suite for the ``appworld`` family (``draco-gym setup appworld``). The last line is
 ``reward hacks forged: N of M (bwrap)``.
 """
@@ -69,6 +72,14 @@ def appworld(sandbox: str) -> Iterator[Tried]:
     from draco_gym.envs.appworld import AppWorldRuntime, ensure_offline_suite
 
     source = ensure_offline_suite(AppWorldRuntime())
+    if sandbox == "guard":
+        try:
+            gym.make("draco_gym/AppWorld-v0", data_root=str(source.data_dir), sandbox="guard", show_progress=False).close()
+        except ValueError as exc:
+            yield Tried("appworld", "guard mode refused", "bwrap" not in str(exc), f"refused: {str(exc)[:80]}")
+        else:
+            yield Tried("appworld", "guard mode refused", True, "an AppWorld environment was built in guard mode")
+        return
 
     def make_env():
         return gym.make("draco_gym/AppWorld-v0", data_root=str(source.data_dir), sandbox=sandbox,

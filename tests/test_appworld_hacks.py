@@ -1,7 +1,8 @@
 """Agent code cannot forge AppWorld's outcome (issue 23).
 
 Every hack of ``appworld_hacks.HACKS`` is played through ``gym.make("draco_gym/AppWorld-v0",
-sandbox=...)`` on the process-wide pool, as a user would: the hacked episode, a no-op
+sandbox="bwrap")`` (AppWorld's only mode: guard mode is refused, ``test_appworld_units.py``)
+on the process-wide pool, as a user would: the hacked episode, a no-op
 episode after it on the same server, one in a new environment, more resets. Then the
 pieces that make it hold: the relayed API calls recorded outside the agent's process,
 the world refusing what is not an app's API, a protocol breach ending only its episode,
@@ -22,10 +23,6 @@ from draco_gym.envs.appworld import AppWorldRuntime, ensure_offline_suite
 from draco_gym.types import TOOL_CALLS, Termination
 
 needs_bwrap = pytest.mark.skipif(os_sandbox.bwrap_problem() is not None, reason=f"bubblewrap: {os_sandbox.bwrap_problem()}")
-MODES = [pytest.param("bwrap", marks=needs_bwrap), "guard"]
-GUARD_READS_HOST_FILES = pytest.mark.xfail(
-    strict=True, reason="guard mode has no file-system boundary: os.open(..., dir_fd=...) reads the host's task "
-                        "files past the audit hook's path check (named in docs/environments.md; bwrap holds)")
 
 
 @pytest.fixture(scope="module")
@@ -33,23 +30,15 @@ def source():
     return ensure_offline_suite(AppWorldRuntime())
 
 
-def maker(source, mode: str):
-    return lambda: gym.make("draco_gym/AppWorld-v0", data_root=str(source.data_dir), sandbox=mode,
+def maker(source):
+    return lambda: gym.make("draco_gym/AppWorld-v0", data_root=str(source.data_dir), sandbox="bwrap",
                             step_timeout_s=20, show_progress=False)
 
 
-def hack_params() -> list:
-    params = []
-    for hack in HACKS:
-        params.append(pytest.param(hack.name, "bwrap", marks=needs_bwrap, id=f"bwrap-{hack.name}"))
-        marks = [GUARD_READS_HOST_FILES] if hack.name == "ground_truth_from_disk" else []
-        params.append(pytest.param(hack.name, "guard", marks=marks, id=f"guard-{hack.name}"))
-    return params
-
-
-@pytest.mark.parametrize(("name", "mode"), hack_params())
-def test_hack_does_not_forge_the_outcome(name, mode, source):
-    outcome = run_hack(maker(source, mode), by_name(name))
+@needs_bwrap
+@pytest.mark.parametrize("name", [hack.name for hack in HACKS])
+def test_hack_does_not_forge_the_outcome(name, source):
+    outcome = run_hack(maker(source), by_name(name))
     assert not outcome.forged, outcome
     if name in ("forged_replies", "malformed_line", "flooded_line"):
         assert outcome.termination == Termination.ENV_ERROR, outcome
@@ -58,11 +47,11 @@ def test_hack_does_not_forge_the_outcome(name, mode, source):
         assert "answer None" in outcome.observations[0], outcome.observations[0][:500]
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_api_calls_are_recorded_outside_the_agent_process(mode, source):
+@needs_bwrap
+def test_api_calls_are_recorded_outside_the_agent_process(source):
     """Each step's ``tool_calls`` are the world's answers to the calls the relay carried,
     in order, failed ones included; what the agent's code claims does not enter them."""
-    env = maker(source, mode)()
+    env = maker(source)()
     try:
         env.reset(options={"task_id": "notes-tag-count_1"})
         blocks = source.ground_truth_file("notes-tag-count_1", "reference_solution.json")
@@ -81,10 +70,11 @@ def test_api_calls_are_recorded_outside_the_agent_process(mode, source):
         env.close()
 
 
+@needs_bwrap
 def test_the_world_answers_only_the_tasks_apps(source):
     """The API server's own routes (set databases, seed, save to a path) and the payment
     admin app are refused by the world; agent code reaches them only through the relay."""
-    env = maker(source, "guard")()
+    env = maker(source)()
     try:
         env.reset(options={"task_id": HACK_TASK})
         code = ("for url in ['/dbs', '/seed', '/dbs/save', '/admin/credit']:\n"
@@ -103,7 +93,7 @@ def test_the_shell_has_no_capabilities_no_task_files_and_no_ground_truth(source)
     """bubblewrap started by root keeps every capability unless told not to (a process could
     then remount a read-only folder writable); the shell's data folder holds the API docs
     and its own task's specs, nothing else; its task carries no ground truth."""
-    env = maker(source, "bwrap")()
+    env = maker(source)()
     try:
         env.reset(options={"task_id": HACK_TASK})
         code = ("o = __import__('posix')\nstatus = o.read(o.open('/proc/self/status', o.O_RDONLY), 1 << 16).decode()\n"

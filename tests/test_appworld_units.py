@@ -208,3 +208,46 @@ def test_a_channel_line_over_its_cap_is_refused_without_reading_the_rest():
     ours.close()
     flood.join(10)
     theirs.close()
+
+
+# -- guard mode is refused for AppWorld (its shell is not confined as PythonTools' is) ---------
+
+
+def test_guard_mode_is_refused_at_construction_naming_bwrap(tmp_path):
+    """Before any task folder is read or any engine process started: the data root here does
+    not exist, and the refusal still comes first."""
+    from draco_gym.envs.appworld.server import ServerPool
+
+    with pytest.raises(ValueError, match=r"only inside bubblewrap \(sandbox='bwrap'\).*guard mode is refused.*apt-get install bubblewrap"):
+        gym.make("draco_gym/AppWorld-v0", data_root=str(tmp_path / "nothing"), sandbox="guard", show_progress=False)
+    with pytest.raises(ValueError, match="guard mode is refused for AppWorld"):
+        ServerPool(AppWorldRuntime(tmp_path), tmp_path, sandbox="guard")
+    with pytest.raises(ValueError, match="guard mode is refused for AppWorld"):
+        ServerPool.shared(AppWorldRuntime(tmp_path), tmp_path, sandbox="guard")
+
+
+def test_auto_without_bubblewrap_is_refused_for_appworld_not_fallen_back(monkeypatch, tmp_path):
+    """PythonTools falls back to guard mode where bubblewrap cannot run; AppWorld refuses."""
+    from draco_gym.envs import os_sandbox
+
+    monkeypatch.setattr(os_sandbox.shutil, "which", lambda name: None)
+    os_sandbox.bwrap_problem.cache_clear()
+    try:
+        for mode in ("auto", "bwrap"):
+            with pytest.raises(os_sandbox.SandboxUnavailable, match=rf"sandbox='{mode}' needs bubblewrap, but .*not on PATH.*apt-get"):
+                gym.make("draco_gym/AppWorld-v0", data_root=str(tmp_path), sandbox=mode, show_progress=False)
+    finally:
+        os_sandbox.bwrap_problem.cache_clear()
+
+
+def test_the_driver_refuses_guard_mode_for_appworld_before_ray(tmp_path):
+    """``draco-gym train`` (and eval, sft) build the environment once in the driver
+    (``prepare``) before Ray starts: the refusal is a config error naming the key."""
+    from draco_gym.algos.cli.prepare import prepare
+    from draco_gym.algos.config import ConfigError, load_config
+
+    config = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "quickstart_appworld.yaml"),
+                         ["env.config.sandbox=guard"])
+    with pytest.raises(ConfigError, match=r"env.config: .*AppWorld runs agent code only inside bubblewrap"):
+        prepare(config)
+    assert "ray" not in sys.modules or not __import__("ray").is_initialized()

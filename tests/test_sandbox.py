@@ -123,23 +123,22 @@ def appworld_source():
     return ensure_offline_suite(AppWorldRuntime(), progress=None)
 
 
-def make_appworld(mode: str, source):
-    """A private pool: started now, it sees this test's HOME as the home to protect."""
+def make_appworld(source):
+    """A private pool (AppWorld runs only under bwrap): started now, it sees this test's HOME
+    as the home to protect."""
     from draco_gym.envs.appworld import AppWorldRuntime, ServerPool
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SandboxWarning)
-        pool = ServerPool(AppWorldRuntime(), source.data_dir, max_servers=1, sandbox=mode)
+    pool = ServerPool(AppWorldRuntime(), source.data_dir, max_servers=1, sandbox="bwrap")
     env = gym.make("draco_gym/AppWorld-v0", data_root=source.data_dir, pool=pool, step_timeout_s=10,
                    show_progress=False).unwrapped
     return env, pool
 
 
-@pytest.mark.parametrize("mode", [pytest.param("bwrap", marks=needs_bwrap), "guard"])
-def test_appworld_agent_code_sees_no_secret_no_home_no_network(mode, host, appworld_source):
-    env, pool = make_appworld(mode, appworld_source)
+@needs_bwrap
+def test_appworld_agent_code_sees_no_secret_no_home_no_network(host, appworld_source):
+    env, pool = make_appworld(appworld_source)
     try:
-        assert pool.sandbox == mode
+        assert pool.sandbox == "bwrap"
         env.reset(options={"task_id": "photo-count_1"})
         observations = {route: env.step(fence(code))[0] for route, code in probes(host, "o" + "s").items()}
         # nor any task's files: the ground truth would let a policy game the engine's verdict

@@ -30,10 +30,11 @@ from typing import Any
 
 from draco_gym.codeblock import DEFAULT_LANGUAGES, MultiBlockPolicy
 from draco_gym.envs.appworld.runtime import AppWorldRuntime, print_progress
-from draco_gym.envs.appworld.server import EnvServer, ProtocolError, RemoteError, ServerDied, ServerError, ServerPool
+from draco_gym.envs.appworld.server import (
+    EnvServer, ProtocolError, RemoteError, ServerDied, ServerError, ServerPool, shell_sandbox)
 from draco_gym.envs.appworld.suite import TaskSource, resolve_source
 from draco_gym.envs.base import CodeStepEnv, EndRule, Execution, WorldLost
-from draco_gym.envs.os_sandbox import SandboxMode, check_mode
+from draco_gym.envs.os_sandbox import SandboxMode
 from draco_gym.envs.state_keys import last_call
 from draco_gym.types import Task
 
@@ -118,10 +119,12 @@ class AppWorldEnv(CodeStepEnv):
     ``data_root`` points at a real AppWorld data folder; without it (and without
     ``$DRACO_GYM_APPWORLD_DATA``) the offline suite of ``suite_seed`` is used, built on
     first use. ``step_timeout_s`` bounds one code block inside the engine; the server gets
-    ``grace_s`` more before it is declared stuck and replaced. ``sandbox`` (``"auto"``,
-    ``"bwrap"``, ``"guard"``; see ``draco_gym.envs.os_sandbox``) is the OS boundary around
-    the engine's processes, resolved here: ``"bwrap"`` raises when bubblewrap cannot run. A
-    ``pool`` given brings its own.
+    ``grace_s`` more before it is declared stuck and replaced. ``sandbox`` (``"auto"`` or
+    ``"bwrap"``; see ``draco_gym.envs.os_sandbox``) is the OS boundary around the engine's
+    processes: AppWorld runs only inside bubblewrap, so ``"guard"`` is refused here
+    (``ValueError``) and ``"auto"`` or ``"bwrap"`` raise ``SandboxUnavailable`` when
+    bubblewrap cannot run (both name bwrap and how to install it). A ``pool`` given brings
+    its own.
     ``end_rule``, ``max_turns``, ``max_observation_chars``, ``multi_block``, ``languages``,
     ``render_mode`` ("ansi") as in ``CodeStepEnv``.
 
@@ -129,7 +132,8 @@ class AppWorldEnv(CodeStepEnv):
     - v0: the initial version; since this release each step's info carries ``state_key``
       and the task's metadata ``api_docs`` and ``operators`` (additions only: episodes,
       observations and metrics are unchanged); each step's info also carries ``tool_calls``,
-      and a shell that breaks the protocol ends its episode with ``env_error``.
+      and a shell that breaks the protocol ends its episode with ``env_error``;
+      ``sandbox="guard"`` is refused (AppWorld runs only inside bubblewrap).
     """
 
     can_restore = True
@@ -159,7 +163,7 @@ class AppWorldEnv(CodeStepEnv):
                          multi_block=multi_block, languages=languages, render_mode=render_mode)
         if not isinstance(step_timeout_s, int) or step_timeout_s < 1:
             raise ValueError(f"step_timeout_s must be a positive integer (seconds), got {step_timeout_s!r}")
-        check_mode(sandbox)
+        shell_sandbox(sandbox)  # guard mode refused, bubblewrap checked: before the suite is built
         self.runtime = AppWorldRuntime(runtime_home)
         progress = print_progress if show_progress else None
         self.source: TaskSource = resolve_source(data_root, self.runtime, seed=suite_seed, progress=progress)

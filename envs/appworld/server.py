@@ -3,8 +3,8 @@
 An episode's outcome must not be computable where the agent's code runs (there it could
 patch the evaluator, read the answer from memory or forge the replies), so an AppWorld
 environment uses three kinds of runtime process (``engine_server.py`` has their protocol),
-each inside the OS sandbox (``os_sandbox.py``; ``sandbox="bwrap"``) or behind its audit hook
-alone (``"guard"``):
+each inside the OS sandbox (``os_sandbox.py``; ``sandbox="bwrap"``, the only mode AppWorld
+runs in: see ``shell_sandbox``):
 
 - the **world** holds the task's apps and databases, runs no agent code and holds no
   ground truth (its folder gets only the task's specs and start databases);
@@ -110,10 +110,35 @@ def _answer(reply: dict, what: str) -> dict:
     return body
 
 
+GUARD_REFUSED = (
+    "AppWorld runs agent code only inside bubblewrap (sandbox='bwrap'). Its shell is AppWorld's own IPython "
+    "session, which the seccomp and Landlock layers of PythonTools' guard mode do not confine: under "
+    "sandbox='guard' agent code could start processes on the host, read the trainer's environment (API keys) "
+    "through /proc and rewrite the suite's ground truth for later episodes. So guard mode is refused for AppWorld"
+)
+
+
+def shell_sandbox(mode: str) -> str:
+    """The sandbox of AppWorld's engine processes for the mode asked: always ``"bwrap"``.
+
+    ``"guard"`` raises ``ValueError``, and ``"auto"`` or ``"bwrap"`` where bubblewrap cannot
+    run raises ``SandboxUnavailable``, each naming bwrap and how to install it: called where
+    an environment or a pool is built (in the driver, before any actor starts)."""
+    os_sandbox.check_mode(mode)
+    if mode == "guard":
+        raise ValueError(f"{GUARD_REFUSED}; use sandbox='bwrap' (or 'auto'). To run it, {os_sandbox.INSTALL_HINT}.")
+    problem = os_sandbox.bwrap_problem()
+    if problem is not None:
+        raise os_sandbox.SandboxUnavailable(
+            f"AppWorld: sandbox={mode!r} needs bubblewrap, but {problem}. {GUARD_REFUSED}. To fix it, "
+            f"{os_sandbox.INSTALL_HINT}.")
+    return "bwrap"
+
+
 class EngineProcess:
     """One runtime process of one role (see ``engine_server.py``) and the socket to it.
     ``sandbox`` is a resolved mode, ``"bwrap"`` or ``"guard"`` (the environment resolves
-    ``"auto"`` when it is built)."""
+    ``"auto"`` when it is built); the shell, which runs agent code, only in ``"bwrap"``."""
 
     def __init__(
         self,
@@ -130,6 +155,8 @@ class EngineProcess:
             raise ValueError(f"EngineProcess sandbox must be 'bwrap' or 'guard' (resolve 'auto' first), got {sandbox!r}")
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        if role == "shell" and sandbox != "bwrap":
+            raise ValueError(f"{GUARD_REFUSED}; the shell needs sandbox='bwrap'")
         self.runtime = runtime
         self.data_dir = Path(data_dir).resolve()
         self.role = role
@@ -608,7 +635,7 @@ class ServerPool:
 
     def __init__(self, runtime: AppWorldRuntime, data_dir: Path, *, max_servers: int | None = None,
                  memory_limit_mb: int = 4096, sandbox: os_sandbox.SandboxMode = "auto") -> None:
-        self.sandbox = os_sandbox.resolve_mode(sandbox, "AppWorld")
+        self.sandbox = shell_sandbox(sandbox)
         self.runtime = runtime
         self.data_dir = Path(data_dir)
         self.max_servers = max_servers
@@ -623,7 +650,7 @@ class ServerPool:
     @classmethod
     def shared(cls, runtime: AppWorldRuntime, data_dir: Path, sandbox: str = "auto") -> ServerPool:
         """The process-wide pool for one (runtime, data folder, resolved sandbox mode)."""
-        mode = os_sandbox.resolve_mode(sandbox, "AppWorld")
+        mode = shell_sandbox(sandbox)
         key = (str(runtime.python), str(Path(data_dir).resolve()), mode)
         with cls._shared_lock:
             pool = cls._shared.get(key)
