@@ -251,3 +251,17 @@ def test_the_driver_refuses_guard_mode_for_appworld_before_ray(tmp_path):
     with pytest.raises(ConfigError, match=r"env.config: .*AppWorld runs agent code only inside bubblewrap"):
         prepare(config)
     assert "ray" not in sys.modules or not __import__("ray").is_initialized()
+
+
+def test_the_suite_cache_key_hashes_the_builder(tmp_path, monkeypatch):
+    """A changed ``suite_builder.py`` (its tests, say) gives a new cache key, so the next
+    environment builds a fresh suite instead of grading with the old tests."""
+    from draco_gym.envs.appworld import suite
+
+    runtime = AppWorldRuntime(tmp_path)
+    key = suite.suite_fingerprint(runtime, 0)
+    assert suite.suite_fingerprint(runtime, 1) != key
+    edited = tmp_path / "suite_builder.py"
+    edited.write_bytes(suite.BUILDER_SCRIPT.read_bytes() + b"\n# a changed test\n")
+    monkeypatch.setattr(suite, "BUILDER_SCRIPT", edited)
+    assert suite.suite_fingerprint(runtime, 0) != key
