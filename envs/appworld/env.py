@@ -133,7 +133,9 @@ class AppWorldEnv(CodeStepEnv):
       and the task's metadata ``api_docs`` and ``operators`` (additions only: episodes,
       observations and metrics are unchanged); each step's info also carries ``tool_calls``,
       and a shell that breaks the protocol ends its episode with ``env_error``;
-      ``sandbox="guard"`` is refused (AppWorld runs only inside bubblewrap).
+      ``sandbox="guard"`` is refused (AppWorld runs only inside bubblewrap); the offline
+      suite's tests compare the start and end databases record by record, so solutions that
+      change records the task never named, or change them the wrong way, now fail.
     """
 
     can_restore = True

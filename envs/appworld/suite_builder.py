@@ -18,6 +18,12 @@ the same seed writes the same suite. Each scenario is a task template with three
 (different people, tags, months...), the way AppWorld groups tasks, which is what gives SGC
 its meaning. Every scenario has a reference solution (code blocks that pass every test) and a
 plausible wrong one (typically: no pagination) with the requirement it is meant to fail.
+
+Each task's tests compare the start and end databases record by record, AppWorld's own way
+(``changed_records``, ``changed_field_names``; ``EVALUATION_TEMPLATE``'s helpers): only the
+records the task names may change, and only as it asks, so a near-miss (untag instead of
+delete, one record too many, a record the task never named edited) fails.
+``bench/appworld_mutations.py`` plays those near-misses against every family.
 """
 
 from __future__ import annotations
@@ -274,7 +280,7 @@ QUESTION_EVAL = dedent("""
     with test("the answer given matches the correct answer"):
         test.answer(predicted_answer, ground_truth_answer)
     with test("no data in any app was changed"):
-        test.case(models.changed_model_names(ignore=IGNORED), "is_falsy")
+        test.case(changed_models(models), "is_falsy")
 """)
 QUESTION_REQS = ["the answer given matches the correct answer", "no data in any app was changed"]
 
@@ -461,20 +467,20 @@ def receipts_month_total(world: World, rng: random.Random) -> Scenario:
 
 @scenario
 def note_of_contacts(world: World, rng: random.Random) -> Scenario:
-    reqs = ["exactly one note with the requested title was created",
+    reqs = ["exactly one note was created, with the requested title",
             "the note lists exactly the requested contacts, one per line",
-            "nothing but Simple Note notes was changed"]
+            "no other note and nothing in any other app was changed"]
     evaluation = dedent("""
         with test(REQS[0]):
             test.case(predicted_answer, "is_falsy")
-            added = [n for n in models.end.simple_note.Note.all() if n.title == p["title"]]
-            before = [n for n in models.start.simple_note.Note.all() if n.title == p["title"]]
-            test.case(len(added) - len(before), "==", 1)
+            added, updated, removed = changes(models, "simple_note.Note")
+            test.case([n.title for n in added], "==", [p["title"]])
         with test(REQS[1]):
-            lines = {line.strip() for line in added[-1].content.splitlines() if line.strip()}
-            test.case(lines, "==", set(p["names"]))
+            lines = [line.strip() for line in added[0].content.splitlines() if line.strip()]
+            test.case(sorted(lines), "==", sorted(p["names"]))
         with test(REQS[2]):
-            test.case(models.changed_model_names(ignore=IGNORED), "==", {"simple_note.Note"})
+            test.case(updated + removed, "is_falsy")
+            test.case(changed_models(models), "<=", {"simple_note.Note"})
     """)
     variants = []
     for relationship, title in [("friend", "Friends"), ("coworker", "Team contacts"), ("family", "Family")]:
@@ -498,21 +504,25 @@ def venmo_pay_contact(world: World, rng: random.Random) -> Scenario:
     people = world.people
     reqs = ["exactly one Venmo payment was sent, to the right person",
             "the payment has the requested amount and note",
-            "nothing but Venmo money movements were changed"]
+            "nothing else was changed: no other transaction, only the two balances the payment moves, "
+            "only the payment's notifications"]
     evaluation = dedent("""
         with test(REQS[0]):
             test.case(predicted_answer, "is_falsy")
-            me = models.end.venmo.User.find_one(email=main_user.email)
-            old = {t.id for t in models.start.venmo.Transaction.all()}
-            new = [t for t in models.end.venmo.Transaction.all() if t.id not in old and t.sender_id == me.id]
-            test.case(len(new), "==", 1)
-            test.case(new[0].receiver.email, "==", p["email"])
+            added, updated, removed = changes(models, "venmo.Transaction")
+            test.case([(t.sender.email, t.receiver.email) for t in added], "==", [(main_user.email, p["email"])])
         with test(REQS[1]):
-            test.case(round(new[0].amount, 2), "==", p["amount"])
-            test.case(new[0].description.strip().lower(), "==", p["description"].lower())
+            test.case(round(added[0].amount, 2), "==", p["amount"])
+            test.case(added[0].description.strip().lower(), "==", p["description"].lower())
         with test(REQS[2]):
-            test.case(models.changed_model_names(ignore=IGNORED), "<=",
-                      {"venmo.Transaction", "venmo.User", "venmo.Notification"})
+            test.case(updated + removed, "is_falsy")
+            users_added, users_updated, users_removed = changes(models, "venmo.User")
+            test.case(users_added + users_removed, "is_falsy")
+            test.case(set().union(*(changed_fields(models, "venmo.User", u) for u in users_updated)), "<=",
+                      {"venmo_balance"})
+            test.case(balance_moves(models), "==", {main_user.email: -p["amount"], p["email"]: p["amount"]})
+            test.case(only_added(models, "venmo.Notification"), "is_truthy")
+            test.case(changed_models(models), "<=", {"venmo.Transaction", "venmo.User", "venmo.Notification"})
     """)
     variants = []
     for first, (_, relationship) in SHARED_FIRST_NAMES.items():
@@ -538,19 +548,21 @@ def venmo_pay_contact(world: World, rng: random.Random) -> Scenario:
 def venmo_request_group(world: World, rng: random.Random) -> Scenario:
     reqs = ["a payment request was sent to every requested contact and no one else",
             "every request has the requested amount and note",
-            "nothing but Venmo payment requests and notifications were changed"]
+            "nothing else was changed: no other request, no money moved, only the requests' notifications"]
     evaluation = dedent("""
         with test(REQS[0]):
             test.case(predicted_answer, "is_falsy")
-            old = {r.id for r in models.start.venmo.PaymentRequest.all()}
-            new = [r for r in models.end.venmo.PaymentRequest.all() if r.id not in old]
-            test.case(sorted(r.receiver.email for r in new), "==", sorted(p["emails"]))
+            added, updated, removed = changes(models, "venmo.PaymentRequest")
+            test.case(sorted((r.sender.email, r.receiver.email) for r in added), "==",
+                      sorted((main_user.email, email) for email in p["emails"]))
         with test(REQS[1]):
-            for r in new:
+            for r in added:
                 test.case(round(r.amount, 2), "==", p["amount"])
                 test.case(r.description.strip().lower(), "==", p["description"].lower())
         with test(REQS[2]):
-            test.case(models.changed_model_names(ignore=IGNORED), "<=", {"venmo.PaymentRequest", "venmo.Notification"})
+            test.case(updated + removed, "is_falsy")
+            test.case(only_added(models, "venmo.Notification"), "is_truthy")
+            test.case(changed_models(models), "<=", {"venmo.PaymentRequest", "venmo.Notification"})
     """)
     variants = []
     for relationship, description in [("family", "holiday cabin"), ("coworker", "team lunch"), ("friend", "festival passes")]:
@@ -574,7 +586,7 @@ def venmo_request_group(world: World, rng: random.Random) -> Scenario:
 def update_contact_phone(world: World, rng: random.Random) -> Scenario:
     people = world.people
     reqs = ["the contact's phone number was updated",
-            "no contact was added or removed and no other contact changed",
+            "no contact was added or removed, no other contact and no other field changed",
             "nothing but phone contacts was changed"]
     evaluation = dedent("""
         with test(REQS[0]):
@@ -583,12 +595,12 @@ def update_contact_phone(world: World, rng: random.Random) -> Scenario:
             test.case(len(matches), "==", 1)
             test.case(matches[0].phone_number, "==", p["phone_number"])
         with test(REQS[1]):
-            start = {c.id: (c.first_name, c.last_name, c.email, c.phone_number) for c in models.start.phone.Contact.all()}
-            end = {c.id: (c.first_name, c.last_name, c.email, c.phone_number) for c in models.end.phone.Contact.all()}
-            test.case(set(start), "==", set(end))
-            test.case([i for i in start if start[i] != end[i] and start[i][2] != p["email"]], "is_falsy")
+            added, updated, removed = changes(models, "phone.Contact")
+            test.case(added + removed, "is_falsy")
+            test.case([(c.email, changed_fields(models, "phone.Contact", c)) for c in updated], "==",
+                      [(p["email"], {"phone_number"})])
         with test(REQS[2]):
-            test.case(models.changed_model_names(ignore=IGNORED), "==", {"phone.Contact"})
+            test.case(changed_models(models), "<=", {"phone.Contact"})
     """)
     variants = []
     for person in [p for p in people if p.first_name not in SHARED_FIRST_NAMES][:3]:
@@ -614,18 +626,20 @@ def update_contact_phone(world: World, rng: random.Random) -> Scenario:
 
 @scenario
 def delete_tagged_notes(world: World, rng: random.Random) -> Scenario:
-    reqs = ["no note with the tag is left",
-            "every other note is untouched",
+    reqs = ["every note with the tag was deleted",
+            "no note was added or edited and no other note deleted",
             "nothing but Simple Note notes was changed"]
     evaluation = dedent("""
         with test(REQS[0]):
             test.case(predicted_answer, "is_falsy")
-            test.case([n.title for n in models.end.simple_note.Note.all() if p["tag"] in (n.tags or [])], "is_falsy")
+            added, updated, removed = changes(models, "simple_note.Note")
+            tagged = {n.id for n in models.start.simple_note.Note.all() if p["tag"] in (n.tags or [])}
+            test.case(tagged - {n.id for n in removed}, "is_falsy")
         with test(REQS[1]):
-            keep = {n.id for n in models.start.simple_note.Note.all() if p["tag"] not in (n.tags or [])}
-            test.case(keep - {n.id for n in models.end.simple_note.Note.all()}, "is_falsy")
+            test.case([n.title for n in added + updated], "is_falsy")
+            test.case({n.id for n in removed} - tagged, "is_falsy")
         with test(REQS[2]):
-            test.case(models.changed_model_names(ignore=IGNORED), "==", {"simple_note.Note"})
+            test.case(changed_models(models), "<=", {"simple_note.Note"})
     """)
     variants = []
     for tag in ["books", "travel", "recipe"]:
@@ -642,18 +656,19 @@ def delete_tagged_notes(world: World, rng: random.Random) -> Scenario:
 
 @scenario
 def note_to_file(world: World, rng: random.Random) -> Scenario:
-    reqs = ["a file exists at the requested path",
+    reqs = ["exactly one file was created, at the requested path",
             "the file holds the note's content",
-            "nothing but files were changed"]
+            "no other file or folder and nothing in any other app was changed"]
     evaluation = dedent("""
         with test(REQS[0]):
             test.case(predicted_answer, "is_falsy")
-            files = [f for f in models.end.file_system.File.all() if f.path == p["path"]]
-            test.case(len(files), "==", 1)
+            added, updated, removed = changes(models, "file_system.File")
+            test.case([f.path for f in added], "==", [p["path"]])
         with test(REQS[1]):
-            test.case(files[0].content.strip(), "==", p["content"].strip())
+            test.case(added[0].content.strip(), "==", p["content"].strip())
         with test(REQS[2]):
-            test.case(models.changed_model_names(ignore=IGNORED), "<=", {"file_system.File", "file_system.Directory"})
+            test.case(updated + removed, "is_falsy")
+            test.case(changed_models(models), "<=", {"file_system.File"})
     """)
     variants = []
     for title, name in [("Groceries", "groceries"), ("Gift ideas", "gifts"), ("Weekend chores", "chores")]:
@@ -680,18 +695,20 @@ def note_to_file(world: World, rng: random.Random) -> Scenario:
 def text_relationship(world: World, rng: random.Random) -> Scenario:
     reqs = ["every requested contact got the message and no one else",
             "each message has the requested text",
-            "nothing but text messages were changed"]
+            "nothing was changed but the new messages"]
     evaluation = dedent("""
         with test(REQS[0]):
             test.case(predicted_answer, "is_falsy")
-            old = {m.id for m in models.start.phone.GlobalTextMessage.all()}
-            new = [m for m in models.end.phone.GlobalTextMessage.all() if m.id not in old]
-            test.case(sorted(m.receiver.phone_number for m in new), "==", sorted(p["phones"]))
+            new, updated, removed = changes(models, "phone.GlobalTextMessage")
+            test.case(sorted((m.sender.phone_number, m.receiver.phone_number) for m in new), "==",
+                      sorted((main_user.phone_number, phone) for phone in p["phones"]))
         with test(REQS[1]):
             for m in new:
                 test.case(m.message.strip(), "==", p["message"])
         with test(REQS[2]):
-            test.case(models.changed_model_names(ignore=IGNORED), "<=", {"phone.GlobalTextMessage", "phone.UserTextMessage"})
+            test.case(updated + removed, "is_falsy")
+            test.case(only_added(models, "phone.UserTextMessage"), "is_truthy")
+            test.case(changed_models(models), "<=", {"phone.GlobalTextMessage", "phone.UserTextMessage"})
     """)
     variants = []
     for relationship, message in [("coworker", "Running 10 minutes late to the standup."),
@@ -711,20 +728,29 @@ def text_relationship(world: World, rng: random.Random) -> Scenario:
 
 @scenario
 def file_receipts_by_month(world: World, rng: random.Random) -> Scenario:
-    reqs = ["every receipt of the month is in the new folder",
+    reqs = ["every receipt of the month is in the new folder, its content unchanged",
             "no receipt of the month is left in ~/receipts/ itself",
-            "receipts of other months are untouched"]
+            "nothing else was changed: every other file as it was, no file or folder but the new folder added"]
     evaluation = dedent("""
         with test(REQS[0]):
             test.case(predicted_answer, "is_falsy")
-            paths = {f.path for f in models.end.file_system.File.all()}
-            test.case({p["target"] + name for name in p["names"]} - paths, "is_falsy")
+            start = {f.path: f.content for f in models.start.file_system.File.all()}
+            end = {f.path: f.content for f in models.end.file_system.File.all()}
+            test.case({name: end.get(p["target"] + name) for name in p["names"]}, "==",
+                      {name: start[p["source"] + name] for name in p["names"]})
         with test(REQS[1]):
-            test.case({p["source"] + name for name in p["names"]} & paths, "is_falsy")
+            test.case({p["source"] + name for name in p["names"]} & set(end), "is_falsy")
         with test(REQS[2]):
-            others = {f.path for f in models.start.file_system.File.all()
-                      if f.path.startswith(p["source"]) and f.path[len(p["source"]):] not in p["names"]}
-            test.case(others - paths, "is_falsy")
+            moved = {p["source"] + name for name in p["names"]}
+            others = {f.id: (f.path, f.content) for f in models.start.file_system.File.all() if f.path not in moved}
+            test.case({f.id: (f.path, f.content) for f in models.end.file_system.File.all() if f.id in others}, "==",
+                      others)
+            test.case(set(end) - {path for path, _ in others.values()} - {p["target"] + name for name in p["names"]},
+                      "is_falsy")
+            added, updated, removed = changes(models, "file_system.Directory")
+            test.case([d.path for d in added], "==", [p["target"]])
+            test.case(updated + removed, "is_falsy")
+            test.case(changed_models(models), "<=", {"file_system.File", "file_system.Directory"})
     """)
     variants = []
     for month in [2, 4, 5]:
@@ -759,13 +785,52 @@ SPLITS = {
 }
 
 EVALUATION_TEMPLATE = '''\
-"""Evaluation of one task of the draco-gym offline AppWorld suite (scenario {name})."""
+"""Evaluation of one task of the draco-gym offline AppWorld suite (scenario {name}).
+
+AppWorld's convention: the start and end databases are compared record by record, so only
+the records the task names may change, and only in the way it asks."""
 import json
 
-# logging in and reading notifications touch these; they never count as the agent's changes
-IGNORED = ["simple_note.User", "phone.User", "venmo.User", "file_system.User",
-           "venmo.Notification", "supervisor.Task"]
+BOOKKEEPING = ["last_logged_in", "updated_at"]
+"""Fields the apps set as a side effect of being used (a login, a file added to a folder):
+never a change of the agent's."""
 REQS = {requirements!r}
+
+
+def changes(models, model_name):
+    """(added, updated, removed) records of ``model_name`` from the start to the end state
+    (AppWorld's ``changed_records``), a record counted as updated only where a field beyond
+    BOOKKEEPING changed."""
+    added, updated, removed = models.changed_records(model_name)
+    return added, [r for r in updated if changed_fields(models, model_name, r)], removed
+
+
+def changed_fields(models, model_name, record):
+    return models.changed_field_names(model_name, record.id, ignore=BOOKKEEPING)
+
+
+def changed_models(models):
+    """Every model with a record added, removed or updated beyond BOOKKEEPING (the
+    supervisor's task record, which complete_task writes, aside)."""
+    return {{name for name in models.changed_model_names(ignore=["supervisor.Task"]) if any(changes(models, name))}}
+
+
+def only_added(models, model_name):
+    """Whether ``model_name``'s records were only added to (by-products such as notifications
+    may appear; none may be edited or deleted)."""
+    _, updated, removed = changes(models, model_name)
+    return not updated and not removed
+
+
+def balance_moves(models):
+    """Venmo user email -> the change of their balance, for the users whose balance changed."""
+    start = {{u.id: u.venmo_balance for u in models.start.venmo.User.all()}}
+    moves = {{}}
+    for user in models.end.venmo.User.all():
+        delta = round(user.venmo_balance - start.get(user.id, 0.0), 2)
+        if delta:
+            moves[user.email] = delta
+    return moves
 
 
 def evaluate(test, public_data, private_data, main_user, models, ground_truth_answer):
