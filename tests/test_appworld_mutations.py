@@ -10,6 +10,7 @@ no-op audit.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -21,8 +22,8 @@ from draco_gym.envs import os_sandbox
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import appworld_mutations as am  # noqa: E402
 
-pytestmark = pytest.mark.skipif(os_sandbox.bwrap_problem() is not None and not __import__("os").environ.get(
-    "DRACO_GYM_REQUIRE_BWRAP"), reason=f"AppWorld runs only under bubblewrap: {os_sandbox.bwrap_problem()}")
+pytestmark = pytest.mark.skipif(os_sandbox.bwrap_problem() is not None and not os.environ.get("DRACO_GYM_REQUIRE_BWRAP"),
+                                reason=f"AppWorld runs only under bubblewrap: {os_sandbox.bwrap_problem()}")
 
 
 @pytest.fixture(scope="module")
