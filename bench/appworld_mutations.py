@@ -136,7 +136,8 @@ def note_of_contacts(ref: list[str], p: dict) -> dict[str, list[str]]:
                                      done],
         "one name too many": [login, contacts, replaced(write, "for c in contacts)", 'for c in contacts) + "\\nAda Lovelace"'),
                               done],
-        "the note created twice": [login, contacts, write, write, done],
+        "a second note too": [login, contacts, write, replaced(write, f'title="{p["title"]}"', f'title="{p["title"]} (2)"'),
+                              done],
     }
 
 
