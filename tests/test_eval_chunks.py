@@ -34,7 +34,7 @@ class RecordingAlgo:
 
     def sample(self, tasks, *, seed, temperature=None, group_size=None):
         self.calls.append((list(tasks), seed, group_size))
-        return [SimpleNamespace(task_id=t) for t in tasks], {}
+        return [SimpleNamespace(task_id=t, trajectories=[None] * group_size) for t in tasks], {}
 
     def score(self, groups):
         self.scored.append([g.task_id for g in groups])
@@ -42,7 +42,7 @@ class RecordingAlgo:
 
 
 @pytest.mark.parametrize("score", [True, False])
-def test_rollout_samples_an_iterations_episodes_at_a_time(score):
+def test_rollout_samples_an_iterations_episodes_at_a_time(score, capsys):
     algo = RecordingAlgo(group_size=6, tasks_per_iteration=2)
     tasks = [f"t{i}" for i in range(20)]
     groups = GRPO.rollout(algo, tasks, group_size=2, seed=5, score=score)
@@ -50,6 +50,8 @@ def test_rollout_samples_an_iterations_episodes_at_a_time(score):
     assert [len(c[0]) * c[2] for c in algo.calls] == [10, 10, 10, 10]  # never more than 12 episodes
     assert [c[1] for c in algo.calls] == [5 + CHUNK_SEED_STRIDE * k for k in range(4)]
     assert algo.scored == ([c[0] for c in algo.calls] if score else [])
+    progress = [line.split("(")[0].strip() for line in capsys.readouterr().out.splitlines()]
+    assert progress == [f"evaluation: {n} of 40 episodes" for n in (10, 20, 30, 40)]  # minutes on a CPU: it shows
     again = RecordingAlgo(group_size=6, tasks_per_iteration=2)
     GRPO.rollout(again, tasks, group_size=2, seed=5, score=score)
     assert again.calls == algo.calls  # the same seed, the same calls: before/after meet the same episodes

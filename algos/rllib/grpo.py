@@ -744,10 +744,16 @@ class GRPO(Algorithm):
         the same tasks, so two policies evaluated with one seed still meet the same episodes."""
         rows = self.config.run.rollout.group_size * self.config.run.rollout.tasks_per_iteration
         out: list[RolloutGroup] = []
-        for k, chunk in enumerate(rollout_chunks(list(task_ids), group_size, rows)):
+        chunks = rollout_chunks(list(task_ids), group_size, rows)
+        started = time.perf_counter()
+        for k, chunk in enumerate(chunks):
             groups, _ = self.sample(chunk, seed=seed + CHUNK_SEED_STRIDE * k, temperature=temperature,
                                     group_size=group_size)
             out += self.score(groups)[0] if score else groups
+            if len(chunks) > 1:  # an evaluation takes minutes on a CPU: show that it moves
+                done = sum(len(g.trajectories) for g in out)
+                print(f"  evaluation: {done} of {len(task_ids) * group_size} episodes "
+                      f"({time.perf_counter() - started:.0f} s)", flush=True)
         return out
 
 
