@@ -106,9 +106,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     ev = config.eval
+    from draco_gym.algos.rllib.session import RaySessionOpen, require_no_ray_session
+
     try:
+        require_no_ray_session("draco-gym eval")
         checkpoints = resolve_checkpoints(args.checkpoint, config.output_dir, ev.last_checkpoints)
-    except ValueError as exc:
+    except (ValueError, RaySessionOpen) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from draco_gym.algos.rllib.runs import checkpoint_model
