@@ -7,9 +7,10 @@ rates of ``draco-gym eval`` (pass@k, pass^k, their mean over checkpoints).
     after = episode_summary(algo.rollout(held_out, group_size=k, seed=s))
     for line in comparison_notes(before, after): print(line)
 
-Every rate is a share of counted events (episodes, turns or executed blocks) with a 95%
-Wilson interval; a before/after difference gets a normal-approximation interval, and when
-that interval holds zero the notes say the evaluation had too few episodes to tell.
+Every rate is a share of counted events (episodes, verdicts, turns or executed blocks) with a
+95% Wilson interval; a before/after difference gets a normal-approximation interval: when it
+holds zero the notes say the evaluation had too few episodes to tell, when it excludes zero
+they say whether the policy got better or worse.
 """
 
 from __future__ import annotations
@@ -84,19 +85,53 @@ def difference(before: dict, after: dict) -> dict:
 
 RATES = ("success_rate", "rubric_pass_rate", "well_formed_turns", "raised_blocks")
 
+# What each rate counts (its k of n), and the rate that is better when it falls.
+COUNTED = {"success_rate": "episodes", "rubric_pass_rate": "verdicts", "well_formed_turns": "turns",
+           "raised_blocks": "executed blocks"}
+LOWER_IS_BETTER = {"raised_blocks"}
+
 
 def comparison_notes(before: dict, after: dict) -> list[str]:
-    """One line per rate whose before/after difference cannot be told from noise."""
+    """One line per rate that changed beyond noise (better or worse: the 95% interval of the
+    difference excludes zero), that cannot be told from noise (the interval holds zero), or
+    that sat at 0 or 1 on both sides (no spread, so no interval of the difference to speak of).
+    Episodes are counted as episodes; a rate over verdicts, turns or blocks names its own
+    count beside them."""
     notes = []
+    episodes = f"{before.get('episodes', '?')} and {after.get('episodes', '?')} episodes"
     for key in RATES:
-        if key in before and key in after:
-            diff = difference(before[key], after[key])
-            lo, hi = diff["ci95"]
-            if lo <= 0 <= hi:
-                notes.append(f"{key}: {before[key]['mean']:.3f} -> {after[key]['mean']:.3f}; the 95% CI of the "
-                             f"difference [{lo:+.3f}, {hi:+.3f}] does not exclude zero: too few episodes "
-                             f"({before[key]['n']} and {after[key]['n']}) to tell a change from noise")
+        if key not in before or key not in after:
+            continue
+        b, a = before[key], after[key]
+        counts = episodes if key == "success_rate" else f"{episodes}; {b['n']} and {a['n']} {COUNTED[key]}"
+        change = f"{key}: {b['mean']:.3f} -> {a['mean']:.3f}"
+        if b["mean"] == a["mean"] and b["mean"] in (0.0, 1.0) and b["n"] and a["n"]:
+            lo, hi = min(b["ci95"][0], a["ci95"][0]), max(b["ci95"][1], a["ci95"][1])
+            notes.append(f"{key}: {b['mean']:.3f} before and after ({b['k']} of {b['n']} and {a['k']} of {a['n']} "
+                         f"{COUNTED[key]}): no change seen; each side's 95% interval lies within [{lo:.2f}, {hi:.2f}]")
+            continue
+        lo, hi = difference(b, a)["ci95"]
+        interval = f"the 95% CI of the difference [{lo:+.3f}, {hi:+.3f}]"
+        if lo <= 0 <= hi:
+            notes.append(f"{change}; {interval} does not exclude zero: too few episodes ({counts}) to tell a change "
+                         "from noise")
+        else:
+            better = (lo > 0) != (key in LOWER_IS_BETTER)
+            notes.append(f"{change}; {interval} excludes zero: {'better' if better else 'WORSE'} after training "
+                         f"({counts})")
     return notes
+
+
+def rates_table(columns: dict[str, dict], title: str, more: Sequence[tuple[str, list[str]]] = ()) -> str:
+    """The rates of ``episode_summary``, one column per evaluation (before/after, or each
+    checkpoint), each cell the rate and its 95% interval; then ``more`` rows (a name and a
+    cell per column) and the episodes counted."""
+    width = max(22, *(len(name) + 2 for name in columns))
+    rows = [(key, [f"{c[key]['mean']:.3f} [{c[key]['ci95'][0]:.2f}, {c[key]['ci95'][1]:.2f}]" for c in columns.values()])
+            for key in RATES if all(key in c for c in columns.values())]
+    rows += [*more, ("episodes", [str(c["episodes"]) for c in columns.values()])]
+    return "\n".join(f"{name:<22} " + " ".join(f"{cell:>{width}}" for cell in cells)
+                     for name, cells in [(title, list(columns)), *rows])
 
 
 def no_update_note(rows: Iterable[dict]) -> str | None:
