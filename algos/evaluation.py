@@ -8,37 +8,18 @@ rates of ``draco-gym eval`` (pass@k, pass^k, their mean over checkpoints).
     for line in comparison_notes(before, after): print(line)
 
 Every rate is a share of counted events (episodes, verdicts, turns or executed blocks) with a
-95% Wilson interval; a before/after difference gets a normal-approximation interval: when it
-holds zero the notes say the evaluation had too few episodes to tell, when it excludes zero
+95% Wilson interval (``draco_gym.metrics.share``); a before/after difference gets a
+normal-approximation interval (``draco_gym.metrics.difference``): when it holds zero the notes say the evaluation had too few episodes to tell, when it excludes zero
 they say whether the policy got better or worse.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from draco_gym.metrics import pass_at_k, pass_hat_k
+from draco_gym.metrics import difference, pass_at_k, pass_hat_k, share
 from draco_gym.types import RolloutGroup
-
-Z95 = 1.959964
-
-
-def wilson(k: int, n: int, z: float = Z95) -> list[float]:
-    """95% Wilson score interval of a proportion k/n ([0, 1] when n = 0)."""
-    if n <= 0:
-        return [0.0, 1.0]
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return [max(0.0, centre - half), min(1.0, centre + half)]
-
-
-def share(k: int, n: int) -> dict:
-    return {"mean": k / n if n else 0.0, "k": int(k), "n": int(n), "ci95": wilson(k, n)}
-
 
 def episode_summary(groups: Sequence[RolloutGroup], success_metric: str = "success") -> dict:
     """The user-facing rates of a set of evaluation episodes (``GRPO.rollout`` groups):
@@ -72,15 +53,6 @@ def episode_summary(groups: Sequence[RolloutGroup], success_metric: str = "succe
 def _parse_error(step) -> bool:
     parse = step.info.get("parse") if isinstance(step.info, dict) else None
     return bool(parse.get("error")) if isinstance(parse, dict) else False
-
-
-def difference(before: dict, after: dict) -> dict:
-    """after - before of two shares, with a 95% normal-approximation interval."""
-    p1, n1, p2, n2 = before["mean"], before["n"], after["mean"], after["n"]
-    if not n1 or not n2:
-        return {"delta": p2 - p1, "ci95": [-1.0, 1.0]}
-    half = Z95 * math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
-    return {"delta": p2 - p1, "ci95": [p2 - p1 - half, p2 - p1 + half]}
 
 
 RATES = ("success_rate", "rubric_pass_rate", "well_formed_turns", "raised_blocks")

@@ -128,7 +128,7 @@ def test_eval_prints_the_before_after_rates_with_their_intervals():
     """``draco-gym eval`` prints the rates ``--before-after`` prints (each with its 95%
     interval), a column per checkpoint, then pass@k / pass^k and the mean over checkpoints."""
     from draco_gym.algos.cli.eval import evaluation_table
-    from draco_gym.algos.evaluation import share
+    from draco_gym.metrics import share
 
     def run(wins):
         return {"tasks": 2, "episodes": 4, "success_rate": wins / 4, "pass@1": wins / 4, "pass^2": wins / 8,

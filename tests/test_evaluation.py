@@ -6,7 +6,8 @@ import gymnasium as gym
 import pytest
 
 import draco_gym  # noqa: F401
-from draco_gym.algos.evaluation import (comparison_notes, difference, episode_summary, no_update_note, wilson)
+from draco_gym.algos.evaluation import comparison_notes, episode_summary, no_update_note
+from draco_gym.metrics import difference, share, wilson
 from draco_gym.reward import build_reward
 from draco_gym.types import RolloutGroup
 
@@ -54,8 +55,6 @@ def test_wilson_interval_and_difference():
 
 
 def rate(k, n):
-    from draco_gym.algos.evaluation import share
-
     return share(k, n)
 
 

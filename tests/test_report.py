@@ -284,8 +284,13 @@ def test_run_at_a_glance_draws_every_figure_and_the_evaluation(page):
     for words in ("Reward", "dropout", "Inert-credit", "Uncredited citations", "Termination", "Judge cost", "Judge tokens", "fallbacks", "Time"):
         assert any(words in c for c in captions), (words, captions)
     assert p.locator(".chart-card svg path, .chart-card svg polygon").count() >= 10
-    evaluation = p.locator("table.eval").inner_text()
-    assert "success_rate" in evaluation and "+0.250" in evaluation
+    # Rates as rates with their intervals; after - before only for a rate, with its own interval
+    # (0.25 -> 0.5 of 4 each: 1.96 * sqrt(.25 * .75 / 4 + .5 * .5 / 4) = 0.648); none for a setting.
+    rows = {r.locator("th").inner_text(): r.locator("td").all_inner_texts() for r in p.locator("table.eval tbody tr").all()}
+    assert rows["success_rate"] == ["0.250 [0.05, 0.70]", "0.500 [0.15, 0.85]", "+0.250 [-0.398, +0.898]"]
+    assert rows["raised_blocks"] == ["0.000 [0.00, 0.39]", "0.000 [0.00, 0.43]", "0.000 [0.000, 0.000]"]
+    assert rows["temperature"] == ["1", "1", ""] and rows["episodes"] == ["4", "4", ""]
+    assert "too few episodes" in p.locator("section.card ul.notes").inner_text()
     assert "metrics.jsonl: reward_mean" in p.locator(".charts").inner_text()
     assert_readable_axes(p)
 
@@ -442,7 +447,8 @@ def test_an_evaluation_directory_reports_too(tmp_path):
     index = json.loads(out.read_text().split('id="run-index">', 1)[1].split("</script>", 1)[0])
     (group,) = index["groups"]
     assert [r["R"] for r in group["roll"]] == [0.0, -1.0, 0.0]
-    assert index["eval"]["columns"]["checkpoint"]["termination/submitted"] == 1.0
+    assert index["eval"]["columns"] == ["base"] and index["eval"]["diff"] is False
+    assert {"key": "termination/submitted", "cells": [1.0], "diff": None} in index["eval"]["rows"]
     assert index["files"]["rollouts_href"] == "../run/eval/rollouts.jsonl"
 
 
