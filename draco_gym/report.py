@@ -416,7 +416,8 @@ def _cells(figures: dict, prefix: str = "") -> dict[str, Any]:
 
 def evaluation_table(columns: dict[str, dict]) -> dict:
     """Rows of cells, a column per evaluation; with a ``before`` and an ``after`` column, a
-    rate's row also gets after - before with its 95% interval (``draco_gym.metrics.difference``).
+    rate's row also gets after - before with its 95% interval (``draco_gym.metrics.difference``;
+    none for a rate at 0 or 1 on both sides, which has no spread).
     A setting or a count (tasks, temperature, episodes) gets none: it is not a result."""
     cells = {name: _cells(figures) for name, figures in columns.items()}
     keys = list(dict.fromkeys(k for column in cells.values() for k in column))
@@ -427,7 +428,9 @@ def evaluation_table(columns: dict[str, dict]) -> dict:
         before, after = (cells["before"].get(key), cells["after"].get(key)) if both else (None, None)
         if isinstance(before, dict) and isinstance(after, dict):
             diff = difference({"mean": before["v"], "n": before["n"]}, {"mean": after["v"], "n": after["n"]})
-            row["diff"] = {"v": diff["delta"], "ci": diff["ci95"]}
+            # At 0 (or 1) on both sides the difference has no spread: its interval, [0, 0], says nothing.
+            flat = before["v"] == after["v"] and before["v"] in (0, 1)
+            row["diff"] = {"v": diff["delta"], "ci": None if flat else diff["ci95"]}
         rows.append(row)
     return {"columns": list(cells), "rows": rows, "diff": both}
 

@@ -296,7 +296,8 @@
     };
     var rows = ev.rows.map(function (r) {
       var cells = r.cells.map(function (x) { return el('td', { class: 'num', title: rate(x) ? x.k + ' of ' + x.n : null }, shown(x)); });
-      if (ev.diff) cells.push(el('td', { class: 'num' }, r.diff ? signed(r.diff.v, 3) + ' [' + signed(r.diff.ci[0], 3) + ', ' + signed(r.diff.ci[1], 3) + ']' : ''));
+      var diff = !r.diff ? '' : r.diff.ci ? signed(r.diff.v, 3) + ' [' + signed(r.diff.ci[0], 3) + ', ' + signed(r.diff.ci[1], 3) + ']' : 'no change seen';
+      if (ev.diff) cells.push(el('td', { class: 'num' }, diff));
       return el('tr', null, el('th', null, r.key), cells);
     });
     return el('section', { class: 'card' }, el('h3', null, 'Evaluation (' + ev.file + ')'),
