@@ -9,8 +9,9 @@ rates of ``draco-gym eval`` (pass@k, pass^k, their mean over checkpoints).
 
 Every rate is a share of counted events (episodes, verdicts, turns or executed blocks) with a
 95% Wilson interval (``draco_gym.metrics.share``); a before/after difference gets a
-normal-approximation interval (``draco_gym.metrics.difference``): when it holds zero the notes say the evaluation had too few episodes to tell, when it excludes zero
-they say whether the policy got better or worse.
+normal-approximation interval (``draco_gym.metrics.difference``): when it holds zero the notes
+say the evaluation had too few episodes to tell, when it excludes zero they say whether the
+policy got better or worse.
 """
 
 from __future__ import annotations
@@ -99,8 +100,10 @@ def rates_table(columns: dict[str, dict], title: str, more: Sequence[tuple[str, 
     checkpoint), each cell the rate and its 95% interval; then ``more`` rows (a name and a
     cell per column) and the episodes counted."""
     width = max(22, *(len(name) + 2 for name in columns))
-    rows = [(key, [f"{c[key]['mean']:.3f} [{c[key]['ci95'][0]:.2f}, {c[key]['ci95'][1]:.2f}]" for c in columns.values()])
-            for key in RATES if all(key in c for c in columns.values())]
+    def cell(rate: dict) -> str:
+        return f"{rate['mean']:.3f} [{rate['ci95'][0]:.2f}, {rate['ci95'][1]:.2f}]"
+
+    rows = [(key, [cell(c[key]) for c in columns.values()]) for key in RATES if all(key in c for c in columns.values())]
     rows += [*more, ("episodes", [str(c["episodes"]) for c in columns.values()])]
     return "\n".join(f"{name:<22} " + " ".join(f"{cell:>{width}}" for cell in cells)
                      for name, cells in [(title, list(columns)), *rows])
