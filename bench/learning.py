@@ -226,16 +226,15 @@ def _saved_elsewhere(folder: Path) -> str:
             + "; ".join(commands))
 
 
-def saved_cells(runs: list[dict], ps: list[float], rules: tuple[str, ...]) -> list[float]:
-    """The ``ps`` at which every one of ``rules`` has saved runs; ``SavedRunsError`` names
-    the (rule, p) cells the saved runs lack and what they hold."""
+def require_cells(runs: list[dict], ps: list[float], rules: tuple[str, ...]) -> None:
+    """Every one of ``rules`` has saved runs at every p of ``ps``, else ``SavedRunsError``
+    names the (rule, p) cells the saved runs lack and what they hold."""
     missing = [f"{rule} at p={p}" for p in ps for rule in rules if not cell(runs, p, rule)]
     if missing:
         held = sorted({(r["rule"], r["p"]) for r in runs}, key=str)
         raise SavedRunsError(f"the saved runs hold no {', '.join(missing)}; they hold "
                              + (", ".join(f"{rule} at p={p}" for rule, p in held) if held else "nothing")
                              + ": give --ps and --rules among these")
-    return ps
 
 
 def planned(seeds: int, ps: list[float], rules: tuple[str, ...]) -> list[tuple[int, float | str, str]]:
@@ -286,12 +285,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         saved = saved_runs(out, setting, must_exist=args.summarize)
         if args.summarize:
-            ps_saved = saved_cells(saved["runs"], ps, rules)
+            require_cells(saved["runs"], ps, rules)
     except SavedRunsError as exc:
         parser.exit(2, f"error: {exc}\n")
     runs = saved["runs"]
     if args.summarize:
-        report(runs, ps_saved, rules, args, tabular=saved.get("tabular"))
+        report(runs, ps, rules, args, tabular=saved.get("tabular"))
         return 0
 
     from draco_gym.algos.config import ResourcesSection
