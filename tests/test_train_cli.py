@@ -142,15 +142,26 @@ def test_relative_paths_are_taken_from_the_folder_the_command_runs_in(tmp_path, 
     """The issue's new user: ``draco-gym sft`` prints the model to train from; a relative
     ``--set policy.model=...``, config path and output folder, given from a folder that is
     neither the config's nor the trial's, reach every Ray actor as the places the user meant
-    (before: FileNotFoundError in the Tune trial's actor, whose working folder is its own)."""
+    (before: FileNotFoundError in the Tune trial's actor, whose working folder is its own).
+    The env reads its layout from a file named relatively in env.config, which only the env
+    understands: each process that builds the env (the driver, the env runners) works in the
+    user's folder."""
     from draco_gym.bench.learning_setting import ENV_CONFIG
 
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     project.mkdir()
     build_tiny_llama(elsewhere / "models" / "tiny")
+    (elsewhere / "layouts").mkdir()
+    (elsewhere / "layouts" / "corridor.json").write_text(json.dumps(ENV_CONFIG))
+    (project / "filed_corridor.py").write_text(
+        "import json\nfrom pathlib import Path\nfrom draco_gym.envs.corridor import CorridorEnv\n\n\n"
+        "class FiledCorridor(CorridorEnv):\n"
+        "    def __init__(self, layout, **kwargs):\n"
+        "        super().__init__(**json.loads(Path(layout).read_text()), **kwargs)\n")
     (project / "corridor.yaml").write_text(json.dumps({
         "name": "corridor", "iterations": 1,
-        "env": {"id": "draco_gym/Corridor-v0", "config": ENV_CONFIG, "task_ids": ["corridor-1", "corridor-2"]},
+        "env": {"id": "filed_corridor:FiledCorridor", "config": {"layout": "layouts/corridor.json"},
+                "modules": ["filed_corridor"], "task_ids": ["corridor-1", "corridor-2"]},
         "policy": {"model": "models/tiny", "lora": {"r": 4, "alpha": 8}},
         "rollout": {"group_size": 2, "tasks_per_iteration": 1, "max_new_tokens": 17, "max_response_tokens": 100},
         "reward": {"name": "corridor"}, "optim": {"minibatch_size": None},
@@ -168,6 +179,17 @@ def test_relative_paths_are_taken_from_the_folder_the_command_runs_in(tmp_path, 
     assert "[iter 1/1]" in capsys.readouterr().out
     assert (elsewhere / "runs" / "grpo" / "checkpoint").is_dir()
     assert len((elsewhere / "runs" / "grpo" / "rollouts.jsonl").read_text().splitlines()) == 2
+
+    # eval from the same folder, the checkpoint relative too: the before/after table's rates,
+    # each with its interval, in a column for the checkpoint.
+    assert main(["eval", "../project/corridor.yaml", "--checkpoint", "runs/grpo/checkpoint",
+                 "--output-dir", "runs/grpo", "--set", "eval.max_tasks=1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("default evaluation"))
+    assert lines[header].split()[2:] == ["grpo/checkpoint"]
+    rates = {line.split()[0]: line.split()[1:] for line in lines[header + 1:]}
+    assert rates["success_rate"][1].startswith("[") and rates["episodes"] == ["1"]
+    assert lines[-1] == f"summary: {elsewhere / 'runs' / 'grpo' / 'eval' / 'summary.json'}"
 
 
 def test_a_command_in_a_process_that_already_runs_ray_says_so(tmp_path, capsys):
