@@ -64,7 +64,8 @@ class LoraSection(_Section):
 
 
 class PolicySection(_Section):
-    model: str = Field(description="a local HF directory or the alias 'smollm2-135m-instruct'")
+    model: str = Field(description="a local HF directory (a relative path is taken from the folder the command "
+                                   "runs in) or the alias 'smollm2-135m-instruct'")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights' dtype")
     lora: LoraSection = Field(default_factory=LoraSection, description="the trained adapter")
     sampler: Literal["torch", "vllm"] = Field("torch", description="torch: transformers in the env runner; vllm: a vLLM "
@@ -74,6 +75,13 @@ class PolicySection(_Section):
                                                                              "the engine takes")
     gradient_checkpointing: bool = Field(False, description="trade compute for activation memory on the learner")
     torch_threads: int | None = Field(None, ge=1, description="intra-op threads per process (null: Ray's, one per reserved CPU)")
+
+    @field_validator("model")
+    @classmethod
+    def _absolute(cls, value):
+        from draco_gym.algos.policy.models import model_location
+
+        return model_location(value)
 
 
 class EpisodeLimits(_Section):
@@ -340,7 +348,8 @@ class WarmStartSection(_Section):
 
 class RunConfig(_Section):
     name: str = Field("run", description="run name (a file's default: its stem)")
-    output_dir: str = Field("runs/run", description="metrics.jsonl, rollouts.jsonl, plots/, checkpoint/, tune/")
+    output_dir: str = Field("runs/run", description="metrics.jsonl, rollouts.jsonl, plots/, checkpoint/, tune/ (a "
+                                                    "relative path is taken from the folder the command runs in)")
     seed: int = Field(0, description="seeds the task draws and the sampling")
     iterations: int = Field(3, ge=1, description="training iterations, one GRPO step each")
     env: EnvSection
@@ -364,6 +373,15 @@ class RunConfig(_Section):
     @classmethod
     def _stop_keys(cls, value):
         return check_stop(value)
+
+    @field_validator("output_dir")
+    @classmethod
+    def _absolute(cls, value):
+        # Made absolute where the config is read, in the driver: Tune runs the trial in a
+        # folder of its own, where a relative path names another place.
+        import os
+
+        return os.path.abspath(os.path.expanduser(value))
 
     @model_validator(mode="after")
     def _outcome_based_credit(self):

@@ -7,37 +7,20 @@ rates of ``draco-gym eval`` (pass@k, pass^k, their mean over checkpoints).
     after = episode_summary(algo.rollout(held_out, group_size=k, seed=s))
     for line in comparison_notes(before, after): print(line)
 
-Every rate is a share of counted events (episodes, turns or executed blocks) with a 95%
-Wilson interval; a before/after difference gets a normal-approximation interval, and when
-that interval holds zero the notes say the evaluation had too few episodes to tell.
+Every rate is a share of counted events (episodes, verdicts, turns or executed blocks) with a
+95% Wilson interval (``draco_gym.metrics.share``); a before/after difference gets a
+normal-approximation interval (``draco_gym.metrics.difference``): when it holds zero the notes
+say the evaluation had too few episodes to tell, when it excludes zero they say whether the
+policy got better or worse.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from draco_gym.metrics import pass_at_k, pass_hat_k
+from draco_gym.metrics import difference, pass_at_k, pass_hat_k, share
 from draco_gym.types import RolloutGroup
-
-Z95 = 1.959964
-
-
-def wilson(k: int, n: int, z: float = Z95) -> list[float]:
-    """95% Wilson score interval of a proportion k/n ([0, 1] when n = 0)."""
-    if n <= 0:
-        return [0.0, 1.0]
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return [max(0.0, centre - half), min(1.0, centre + half)]
-
-
-def share(k: int, n: int) -> dict:
-    return {"mean": k / n if n else 0.0, "k": int(k), "n": int(n), "ci95": wilson(k, n)}
-
 
 def episode_summary(groups: Sequence[RolloutGroup], success_metric: str = "success") -> dict:
     """The user-facing rates of a set of evaluation episodes (``GRPO.rollout`` groups):
@@ -73,30 +56,57 @@ def _parse_error(step) -> bool:
     return bool(parse.get("error")) if isinstance(parse, dict) else False
 
 
-def difference(before: dict, after: dict) -> dict:
-    """after - before of two shares, with a 95% normal-approximation interval."""
-    p1, n1, p2, n2 = before["mean"], before["n"], after["mean"], after["n"]
-    if not n1 or not n2:
-        return {"delta": p2 - p1, "ci95": [-1.0, 1.0]}
-    half = Z95 * math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
-    return {"delta": p2 - p1, "ci95": [p2 - p1 - half, p2 - p1 + half]}
-
-
 RATES = ("success_rate", "rubric_pass_rate", "well_formed_turns", "raised_blocks")
+
+# What each rate counts (its k of n), and the rate that is better when it falls.
+COUNTED = {"success_rate": "episodes", "rubric_pass_rate": "verdicts", "well_formed_turns": "turns",
+           "raised_blocks": "executed blocks"}
+LOWER_IS_BETTER = {"raised_blocks"}
 
 
 def comparison_notes(before: dict, after: dict) -> list[str]:
-    """One line per rate whose before/after difference cannot be told from noise."""
+    """One line per rate that changed beyond noise (better or worse: the 95% interval of the
+    difference excludes zero), that cannot be told from noise (the interval holds zero), or
+    that sat at 0 or 1 on both sides (no spread, so no interval of the difference to speak of).
+    Episodes are counted as episodes; a rate over verdicts, turns or blocks names its own
+    count beside them."""
     notes = []
+    episodes = f"{before.get('episodes', '?')} and {after.get('episodes', '?')} episodes"
     for key in RATES:
-        if key in before and key in after:
-            diff = difference(before[key], after[key])
-            lo, hi = diff["ci95"]
-            if lo <= 0 <= hi:
-                notes.append(f"{key}: {before[key]['mean']:.3f} -> {after[key]['mean']:.3f}; the 95% CI of the "
-                             f"difference [{lo:+.3f}, {hi:+.3f}] does not exclude zero: too few episodes "
-                             f"({before[key]['n']} and {after[key]['n']}) to tell a change from noise")
+        if key not in before or key not in after:
+            continue
+        b, a = before[key], after[key]
+        counts = episodes if key == "success_rate" else f"{episodes}; {b['n']} and {a['n']} {COUNTED[key]}"
+        change = f"{key}: {b['mean']:.3f} -> {a['mean']:.3f}"
+        if b["mean"] == a["mean"] and b["mean"] in (0.0, 1.0) and b["n"] and a["n"]:
+            lo, hi = min(b["ci95"][0], a["ci95"][0]), max(b["ci95"][1], a["ci95"][1])
+            notes.append(f"{key}: {b['mean']:.3f} before and after ({b['k']} of {b['n']} and {a['k']} of {a['n']} "
+                         f"{COUNTED[key]}): no change seen; each side's 95% interval lies within [{lo:.2f}, {hi:.2f}]")
+            continue
+        lo, hi = difference(b, a)["ci95"]
+        interval = f"the 95% CI of the difference [{lo:+.3f}, {hi:+.3f}]"
+        if lo <= 0 <= hi:
+            notes.append(f"{change}; {interval} does not exclude zero: too few episodes ({counts}) to tell a change "
+                         "from noise")
+        else:
+            better = (lo > 0) != (key in LOWER_IS_BETTER)
+            notes.append(f"{change}; {interval} excludes zero: {'better' if better else 'WORSE'} after training "
+                         f"({counts})")
     return notes
+
+
+def rates_table(columns: dict[str, dict], title: str, more: Sequence[tuple[str, list[str]]] = ()) -> str:
+    """The rates of ``episode_summary``, one column per evaluation (before/after, or each
+    checkpoint), each cell the rate and its 95% interval; then ``more`` rows (a name and a
+    cell per column) and the episodes counted."""
+    width = max(22, *(len(name) + 2 for name in columns))
+    def cell(rate: dict) -> str:
+        return f"{rate['mean']:.3f} [{rate['ci95'][0]:.2f}, {rate['ci95'][1]:.2f}]"
+
+    rows = [(key, [cell(c[key]) for c in columns.values()]) for key in RATES if all(key in c for c in columns.values())]
+    rows += [*more, ("episodes", [str(c["episodes"]) for c in columns.values()])]
+    return "\n".join(f"{name:<22} " + " ".join(f"{cell:>{width}}" for cell in cells)
+                     for name, cells in [(title, list(columns)), *rows])
 
 
 def no_update_note(rows: Iterable[dict]) -> str | None:

@@ -37,8 +37,12 @@ for the same p and rules, and its ratios stand beside the trainer's.
 
     python bench/learning.py [--seeds 10] [--ps 0,0.2,0.4] [--rules draco,uniform,trace,prover,trca]
 
-Resumable: every finished run is saved to ``--out`` at once, and a restart skips the runs
-already there (``--summarize`` prints the report of what is saved). The last line is the
+Resumable: every finished run is saved to ``--out`` at once (default
+``bench/results/learning_<layout>.json``: each run's iterations and success curve, with the
+setting they were made in), and a restart skips the runs already there. ``--summarize``
+reprints the report of what is saved, with no Ray and no training; saved runs of another
+setting, or lacking a rule or p asked for, are an error that names the difference and the
+command that reprints what is saved. The last line is the
 ratio uniform/draco of mean iterations at p = 0.2 (above 1: DRACO needs fewer), beside the
 tabular one. ``--layout treasure --traps room --rules draco,uniform --threshold 0.75
 --max-iters 16 --k 0`` is the previous benchmark (one pivotal room, shared door tokens).
@@ -170,6 +174,69 @@ def report(runs: list[dict], ps: list[float], rules: tuple[str, ...], args, tabu
     return {f"{p}/{rule}": v for (p, rule), v in summary.items()}
 
 
+# The arguments that decide what a saved run measured: runs of another setting are not comparable.
+SETTING = ("layout", "rooms", "doors", "tasks", "traps", "threshold", "max_iters", "k")
+
+
+class SavedRunsError(ValueError):
+    """The saved runs cannot answer the arguments; the message says what is saved instead."""
+
+
+def reprint_command(out: Path, saved: dict) -> str:
+    """The command that reprints the runs saved in ``out``: their setting, rules and ps."""
+    runs = saved.get("runs", [])
+    rules = ",".join(dict.fromkeys(r["rule"] for r in runs))
+    ps = ",".join(str(p) for p in sorted({r["p"] for r in runs if r["p"] != "any"}))
+    flags = " ".join(f"--{key.replace('_', '-')} {saved['setting'][key]}" for key in SETTING if key in saved["setting"])
+    return f"python bench/learning.py --summarize --out {out} {flags} --rules {rules}" + (f" --ps {ps}" if ps else "")
+
+
+def saved_runs(out: Path, setting: dict, must_exist: bool) -> dict:
+    """The runs saved in ``out`` ({"setting", "runs", "tabular"}), checked against the
+    arguments' setting; none yet is an empty list unless ``must_exist`` (``--summarize``).
+    ``SavedRunsError`` names each argument that differs and the saved files' settings."""
+    if not out.is_file():
+        if must_exist:
+            raise SavedRunsError(f"{out}: no saved runs. {_saved_elsewhere(out.parent)}")
+        return {"runs": []}
+    try:
+        saved = json.loads(out.read_text())
+        saved_setting, runs = saved["setting"], saved["runs"]
+        saved["tabular"] = {float(p): ratios for p, ratios in saved.get("tabular", {}).items()} or None
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise SavedRunsError(f"{out} is not a file of saved runs ({type(exc).__name__}: {exc})") from None
+    differ = [f"--{key.replace('_', '-')} {saved_setting.get(key)} (given: {setting[key]})"
+              for key in SETTING if saved_setting.get(key) != setting[key]]
+    if runs and differ:
+        raise SavedRunsError(f"{out} holds runs of another setting: {'; '.join(differ)}. Reprint them with "
+                             f"{reprint_command(out, saved)}, or give another --out")
+    return saved
+
+
+def _saved_elsewhere(folder: Path) -> str:
+    commands = []
+    for path in sorted(folder.glob("learning*.json")) if folder.is_dir() else []:
+        try:
+            commands.append(reprint_command(path, json.loads(path.read_text())))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+    if not commands:
+        return "Run the benchmark first (python bench/learning.py with the same arguments)."
+    return ("Run the benchmark for this setting first, or reprint the runs saved beside it: "
+            + "; ".join(commands))
+
+
+def require_cells(runs: list[dict], ps: list[float], rules: tuple[str, ...]) -> None:
+    """Every one of ``rules`` has saved runs at every p of ``ps``, else ``SavedRunsError``
+    names the (rule, p) cells the saved runs lack and what they hold."""
+    missing = [f"{rule} at p={p}" for p in ps for rule in rules if not cell(runs, p, rule)]
+    if missing:
+        held = sorted({(r["rule"], r["p"]) for r in runs}, key=str)
+        raise SavedRunsError(f"the saved runs hold no {', '.join(missing)}; they hold "
+                             + (", ".join(f"{rule} at p={p}" for rule, p in held) if held else "nothing")
+                             + ": give --ps and --rules among these")
+
+
 def planned(seeds: int, ps: list[float], rules: tuple[str, ...]) -> list[tuple[int, float | str, str]]:
     """Every (seed, p, rule) run, seed-major so that an interrupted run still compares every
     rule; a rule that does not read p has one run per seed (p "any")."""
@@ -197,14 +264,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=4, help="tasks per iteration (each a group of 8 episodes)")
     parser.add_argument("--traps", default="room", choices=("episode", "room"),
                         help="treasure layout only: the rubric's trap criteria per episode or per hallway room")
-    parser.add_argument("--out", default=None, help="the saved runs (default bench/results/learning_<layout>.json)")
+    parser.add_argument("--out", default=None, help="the saved runs (default: bench/results/learning_<layout>.json "
+                        "in the repository)")
     parser.add_argument("--policy", default=None, help="folder of the warm-started policy: reused if built there "
                         "for the same corridor, else built (default: a new temporary folder)")
     parser.add_argument("--summarize", action="store_true", help="only print the report of the runs saved in --out")
     parser.add_argument("--verbose", action="store_true", help="print every iteration's success")
     args = parser.parse_args(argv)
     args.doors = args.doors or (3 if args.layout == "locks" else 4)
-    args.out = args.out or f"bench/results/learning_{args.layout}.json"
+    args.out = args.out or str(Path(__file__).resolve().parent / "results" / f"learning_{args.layout}.json")
     ps = [float(x) for x in args.ps.split(",")]
     rules = tuple(r.strip() for r in args.rules.split(",") if r.strip())
     unknown = [r for r in rules if r not in RULES]
@@ -213,14 +281,16 @@ def main(argv: list[str] | None = None) -> int:
     if "uniform" not in rules or "draco" not in rules:
         parser.error("--rules must include draco and uniform (the ratio is uniform/draco)")
     out = Path(args.out)
-    saved = json.loads(out.read_text()) if out.is_file() else {"runs": []}
-    setting = {key: getattr(args, key) for key in ("layout", "rooms", "doors", "tasks", "traps", "threshold",
-                                                    "max_iters", "k")}
-    if saved["runs"] and saved.get("setting", setting) != setting:
-        parser.error(f"{out} holds runs of another setting {saved.get('setting')}; pass that setting, or another --out")
+    setting = {key: getattr(args, key) for key in SETTING}
+    try:
+        saved = saved_runs(out, setting, must_exist=args.summarize)
+        if args.summarize:
+            require_cells(saved["runs"], ps, rules)
+    except SavedRunsError as exc:
+        parser.exit(2, f"error: {exc}\n")
     runs = saved["runs"]
     if args.summarize:
-        report(runs, [p for p in ps if any(r["p"] in (p, "any") for r in runs)], rules, args)
+        report(runs, ps, rules, args, tabular=saved.get("tabular"))
         return 0
 
     from draco_gym.algos.config import ResourcesSection
@@ -261,8 +331,9 @@ def main(argv: list[str] | None = None) -> int:
               f", {len(curve)} run in {time.perf_counter() - began:4.0f} s ({time.perf_counter() - start:6.0f} s in all)",
               flush=True)
     stop_ray()
-    summary = report(runs, ps, rules, args)
-    out.write_text(json.dumps({"setting": setting, "runs": runs, "summary": summary}, indent=1))
+    tabular = tabular_ratios(ps, max(args.seeds, 5), rules)
+    summary = report(runs, ps, rules, args, tabular=tabular)
+    out.write_text(json.dumps({"setting": setting, "runs": runs, "tabular": tabular, "summary": summary}, indent=1))
     return 0
 
 

@@ -160,3 +160,33 @@ def success_kl_collapse(success_means, kl_means, window: int = 4, margin: float 
     fall = _slope([s for s, _ in kept]) * (window - 1)
     rise = _slope([k for _, k in kept]) * (window - 1)
     return (fall, rise) if fall <= -margin and rise >= kl_rise else None
+
+
+# -- shares of counted events, with 95% intervals (evaluations, the report) -------------------
+
+
+Z95 = 1.959964
+
+
+def wilson(k: int, n: int, z: float = Z95) -> list[float]:
+    """95% Wilson score interval of a proportion k/n ([0, 1] when n = 0)."""
+    if n <= 0:
+        return [0.0, 1.0]
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return [max(0.0, centre - half), min(1.0, centre + half)]
+
+
+def share(k: int, n: int) -> dict:
+    return {"mean": k / n if n else 0.0, "k": int(k), "n": int(n), "ci95": wilson(k, n)}
+
+
+def difference(before: dict, after: dict) -> dict:
+    """after - before of two shares, with a 95% normal-approximation interval."""
+    p1, n1, p2, n2 = before["mean"], before["n"], after["mean"], after["n"]
+    if not n1 or not n2:
+        return {"delta": p2 - p1, "ci95": [-1.0, 1.0]}
+    half = Z95 * math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
+    return {"delta": p2 - p1, "ci95": [p2 - p1 - half, p2 - p1 + half]}

@@ -39,7 +39,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from draco_gym.metrics import finite_number, group_advantages
+from draco_gym.metrics import difference, finite_number, group_advantages
 from draco_gym.records import RecordError, RecordReader
 from draco_gym.text import truncate_middle
 from draco_gym.types import RolloutRecord, Step
@@ -355,7 +355,8 @@ def disagreements(rows: list[dict]) -> list[str]:
 
 
 def _read_summary(run: Path) -> dict | None:
-    """Before/after evaluation: ``summary.json``'s ``eval`` section, else ``eval/summary.json``."""
+    """The evaluation: ``summary.json``'s before/after section (``draco-gym train
+    --before-after``), else ``eval/summary.json`` (``draco-gym eval``), as a table."""
     for path in (run / "summary.json", run / "eval" / "summary.json"):
         if not path.is_file():
             continue
@@ -368,11 +369,70 @@ def _read_summary(run: Path) -> dict | None:
         if not isinstance(data, dict):
             continue
         section = data.get("eval") if isinstance(data.get("eval"), dict) else None
-        if section is None:
-            section = {"checkpoint": data}
-        return {"file": path.relative_to(run).as_posix(),
-                "columns": {name: _flatten(v) for name, v in section.items() if isinstance(v, dict)}}
+        columns = ({name: v for name, v in section.items() if isinstance(v, dict)} if section is not None
+                   else _eval_columns(data))
+        notes = data.get("notes") if isinstance(data.get("notes"), list) else []
+        return {"file": path.relative_to(run).as_posix(), **evaluation_table(columns),
+                "notes": [str(n) for n in notes]}
     return None
+
+
+def _eval_columns(data: dict) -> dict[str, dict]:
+    """``draco-gym eval``'s summary: a column per checkpoint (per split and checkpoint when
+    it evaluated several splits), else the file's own figures as one column."""
+    splits = data.get("splits") if isinstance(data.get("splits"), dict) else {}
+    columns = {}
+    for split, figures in splits.items():
+        runs = figures.get("checkpoints") if isinstance(figures, dict) else None
+        for label, figures_of_one in (runs.items() if isinstance(runs, dict) else ()):
+            if isinstance(figures_of_one, dict):
+                columns[label if len(splits) == 1 else f"{split}: {label}"] = figures_of_one
+    return columns or {str(data.get("checkpoint", "checkpoint")): data}
+
+
+def _is_rate(value) -> bool:
+    """A share with its interval (``draco_gym.metrics.share``): {mean, k, n, ci95}."""
+    return (isinstance(value, dict) and finite_number(value.get("mean")) is not None
+            and isinstance(value.get("n"), int) and isinstance(value.get("ci95"), list) and len(value["ci95"]) == 2
+            and all(finite_number(x) is not None for x in value["ci95"]))
+
+
+def _cells(figures: dict, prefix: str = "") -> dict[str, Any]:
+    """One column's cells by row name: a rate as {v, ci, k, n}, a nested dict's values under
+    ``key/...``, anything else as it is. ``rates`` (``draco-gym eval``'s rates with their
+    intervals) fills the rows of the same names."""
+    out: dict[str, Any] = {}
+    for key, value in figures.items():
+        if key == "rates" and isinstance(value, dict) and not prefix:
+            out.update(_cells(value))
+        elif _is_rate(value):
+            out[prefix + str(key)] = {"v": value["mean"], "ci": value["ci95"], "k": value.get("k"), "n": value["n"]}
+        elif isinstance(value, dict):
+            out.update(_cells(value, f"{prefix}{key}/"))
+        else:
+            out[prefix + str(key)] = value
+    return out
+
+
+def evaluation_table(columns: dict[str, dict]) -> dict:
+    """Rows of cells, a column per evaluation; with a ``before`` and an ``after`` column, a
+    rate's row also gets after - before with its 95% interval (``draco_gym.metrics.difference``;
+    none for a rate at 0 or 1 on both sides, which has no spread).
+    A setting or a count (tasks, temperature, episodes) gets none: it is not a result."""
+    cells = {name: _cells(figures) for name, figures in columns.items()}
+    keys = list(dict.fromkeys(k for column in cells.values() for k in column))
+    both = "before" in cells and "after" in cells
+    rows = []
+    for key in keys:
+        row = {"key": key, "cells": [column.get(key) for column in cells.values()], "diff": None}
+        before, after = (cells["before"].get(key), cells["after"].get(key)) if both else (None, None)
+        if isinstance(before, dict) and isinstance(after, dict):
+            diff = difference({"mean": before["v"], "n": before["n"]}, {"mean": after["v"], "n": after["n"]})
+            # At 0 (or 1) on both sides the difference has no spread: its interval, [0, 0], says nothing.
+            flat = before["v"] == after["v"] and before["v"] in (0, 1)
+            row["diff"] = {"v": diff["delta"], "ci": None if flat else diff["ci95"]}
+        rows.append(row)
+    return {"columns": list(cells), "rows": rows, "diff": both}
 
 
 # -- the page ----------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from draco_gym.metrics import share
 from draco_gym.types import Criterion, Step, Task, Trajectory, TrajectoryScore, Verdict
 
 HOSTILE_TEXT = "<script>alert(1)</script></html><b id=\"pwned\">bold</b>"
@@ -119,6 +120,10 @@ def write_hand_made_run(run: Path) -> dict:
          "reward_fallbacks": 1, "time/generation": 3.5, "time/judge": 2.0, "time/learner": 1.1, "time/iteration": 7.0},
     ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
-    (run / "summary.json").write_text(json.dumps({"eval": {"before": {"success_rate": 0.25, "reward_mean": -0.1},
-                                                           "after": {"success_rate": 0.5, "reward_mean": 0.2}}}))
+    # As draco-gym train --before-after writes it: the settings, then each rate with its interval.
+    settings = {"tasks": 2, "episodes_per_task": 2, "temperature": 1.0, "episodes": 4}
+    (run / "summary.json").write_text(json.dumps({
+        "eval": {"before": {**settings, "success_rate": share(1, 4), "raised_blocks": share(0, 6)},
+                 "after": {**settings, "success_rate": share(2, 4), "raised_blocks": share(0, 5)}},
+        "notes": ["success_rate: 0.250 -> 0.500; too few episodes"]}))
     return {"groups": [("order-total-1", 3), (htask.id, 3), (rtask.id, 4)], "disagree": [htask.id, rtask.id]}

@@ -122,3 +122,25 @@ def test_eval_last_checkpoints_reports_each_and_their_mean(tmp_path, capsys):
     for key in ("success_rate", "pass^3", "turns_mean"):
         assert mean[key] == pytest.approx(sum(r[key] for r in runs.values()) / 2)
     assert len(list((out / "eval").glob("rollouts-default-*.jsonl"))) == 2
+
+
+def test_eval_prints_the_before_after_rates_with_their_intervals():
+    """``draco-gym eval`` prints the rates ``--before-after`` prints (each with its 95%
+    interval), a column per checkpoint, then pass@k / pass^k and the mean over checkpoints."""
+    from draco_gym.algos.cli.eval import evaluation_table
+    from draco_gym.metrics import share
+
+    def run(wins):
+        return {"tasks": 2, "episodes": 4, "success_rate": wins / 4, "pass@1": wins / 4, "pass^2": wins / 8,
+                "turns_mean": 2.0, "termination": {"submitted": 1.0},
+                "rates": {"episodes": 4, "success_rate": share(wins, 4), "well_formed_turns": share(8, 8),
+                          "raised_blocks": share(0, 8)}}
+
+    runs = {"t/checkpoint_000001": run(1), "t/checkpoint_000002": run(3)}
+    text = evaluation_table("default", {"checkpoints": runs, "mean": mean_summary(list(runs.values()))})
+    lines = text.splitlines()
+    assert lines[0].split() == ["default", "evaluation", "t/checkpoint_000001", "t/checkpoint_000002"]
+    assert lines[1].split() == ["success_rate", "0.250", "[0.05,", "0.70]", "0.750", "[0.30,", "0.95]"]
+    assert [line.split()[0] for line in lines[2:]] == ["well_formed_turns", "raised_blocks", "pass@1", "pass^2",
+                                                       "turns_mean", "episodes", "mean"]
+    assert lines[-1] == "mean over the 2 checkpoints: success_rate 0.500, pass@1 0.500, pass^2 0.250, turns_mean 2.000"

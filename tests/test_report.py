@@ -284,8 +284,13 @@ def test_run_at_a_glance_draws_every_figure_and_the_evaluation(page):
     for words in ("Reward", "dropout", "Inert-credit", "Uncredited citations", "Termination", "Judge cost", "Judge tokens", "fallbacks", "Time"):
         assert any(words in c for c in captions), (words, captions)
     assert p.locator(".chart-card svg path, .chart-card svg polygon").count() >= 10
-    evaluation = p.locator("table.eval").inner_text()
-    assert "success_rate" in evaluation and "+0.250" in evaluation
+    # Rates as rates with their intervals; after - before only for a rate, with its own interval
+    # (0.25 -> 0.5 of 4 each: 1.96 * sqrt(.25 * .75 / 4 + .5 * .5 / 4) = 0.648); none for a setting.
+    rows = {r.locator("th").inner_text(): r.locator("td").all_inner_texts() for r in p.locator("table.eval tbody tr").all()}
+    assert rows["success_rate"] == ["0.250 [0.05, 0.70]", "0.500 [0.15, 0.85]", "+0.250 [-0.398, +0.898]"]
+    assert rows["raised_blocks"] == ["0.000 [0.00, 0.39]", "0.000 [0.00, 0.43]", "no change seen"]  # not [0, 0]
+    assert rows["temperature"] == ["1", "1", ""] and rows["episodes"] == ["4", "4", ""]
+    assert "too few episodes" in p.locator("section.card ul.notes").inner_text()
     assert "metrics.jsonl: reward_mean" in p.locator(".charts").inner_text()
     assert_readable_axes(p)
 
@@ -442,8 +447,31 @@ def test_an_evaluation_directory_reports_too(tmp_path):
     index = json.loads(out.read_text().split('id="run-index">', 1)[1].split("</script>", 1)[0])
     (group,) = index["groups"]
     assert [r["R"] for r in group["roll"]] == [0.0, -1.0, 0.0]
-    assert index["eval"]["columns"]["checkpoint"]["termination/submitted"] == 1.0
+    assert index["eval"]["columns"] == ["base"] and index["eval"]["diff"] is False
+    assert {"key": "termination/submitted", "cells": [1.0], "diff": None} in index["eval"]["rows"]
     assert index["files"]["rollouts_href"] == "../run/eval/rollouts.jsonl"
+
+
+def test_an_eval_summary_gives_a_column_per_checkpoint_with_its_rates(tmp_path):
+    """``draco-gym eval --checkpoint last`` over two checkpoints: a column each, the rates (with
+    their intervals) in place of the bare success rate, no after - before column."""
+    from draco_gym.metrics import share
+
+    def run(wins):
+        return {"tasks": 2, "episodes": 4, "success_rate": wins / 4, "pass@1": wins / 4,
+                "rates": {"episodes": 4, "success_rate": share(wins, 4)}}
+
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "summary.json").write_text(json.dumps({
+        "checkpoints": ["t/checkpoint_1", "t/checkpoint_2"], "protocol": {"episodes_per_task": 2},
+        "splits": {"default": {"tasks": 2, "checkpoints": {"t/checkpoint_1": run(1), "t/checkpoint_2": run(3)},
+                               "mean": {"success_rate": 0.5}}}}))
+    table = report._read_summary(tmp_path)
+    assert table["columns"] == ["t/checkpoint_1", "t/checkpoint_2"] and table["diff"] is False
+    rows = {r["key"]: r["cells"] for r in table["rows"]}
+    assert rows["success_rate"] == [{"v": 0.25, "ci": share(1, 4)["ci95"], "k": 1, "n": 4},
+                                    {"v": 0.75, "ci": share(3, 4)["ci95"], "k": 3, "n": 4}]
+    assert rows["pass@1"] == [0.25, 0.75] and rows["episodes"] == [4, 4]
 
 
 def test_a_run_with_metrics_only_or_broken_credit_still_opens(tmp_path, browser):

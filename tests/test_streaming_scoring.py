@@ -39,9 +39,10 @@ def passes(title: str, text: str) -> bool:
 
 class GroupScriptedSampler:
     """Each episode plays its script, turn by turn (groups told apart by their task's
-    prompt, members by their order). From turn ``wait_from_turn`` on it first waits (at most 20 s) for the
+    prompt, members by their order). From turn ``wait_from_turn`` on it first waits for the
     judge to have received a call, and records how many it had: the judge at work while
-    this rollout still samples."""
+    this rollout still samples. The wait ends as soon as a call arrives; its ceiling only
+    guards against a hang (a loaded machine can take many seconds to get the call out)."""
 
     def __init__(self, chat: ChatFormat, starts: list[list[int]], server: JudgeServer | None = None,
                  wait_from_turn: int | None = None) -> None:
@@ -51,7 +52,7 @@ class GroupScriptedSampler:
     def sample(self, prompts, max_new_tokens, seed):
         self.turn += 1
         if self.wait_from_turn is not None and self.turn >= self.wait_from_turn:
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + 300
             while not self.server.requests and time.monotonic() < deadline:
                 time.sleep(0.01)
             self.judge_calls_seen.append(len(self.server.requests))

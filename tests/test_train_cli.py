@@ -135,3 +135,82 @@ def test_train_command_writes_before_and_after(tmp_path, capsys):
     assert after["success_rate"]["mean"] >= before["success_rate"]["mean"] + 0.3
     assert after["success_rate"]["ci95"][0] > before["success_rate"]["ci95"][1]
     assert "held-out evaluation" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_relative_paths_are_taken_from_the_folder_the_command_runs_in(tmp_path, capsys, monkeypatch):
+    """The issue's new user: ``draco-gym sft`` prints the model to train from; a relative
+    ``--set policy.model=...``, config path and output folder, given from a folder that is
+    neither the config's nor the trial's, reach every Ray actor as the places the user meant
+    (before: FileNotFoundError in the Tune trial's actor, whose working folder is its own).
+    The env reads its layout from a file named relatively in env.config, which only the env
+    understands: each process that builds the env (the driver, the env runners) works in the
+    user's folder."""
+    from draco_gym.bench.learning_setting import ENV_CONFIG
+
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    build_tiny_llama(elsewhere / "models" / "tiny")
+    (elsewhere / "layouts").mkdir()
+    (elsewhere / "layouts" / "corridor.json").write_text(json.dumps(ENV_CONFIG))
+    (project / "filed_corridor.py").write_text(
+        "import json\nfrom pathlib import Path\nfrom draco_gym.envs.corridor import CorridorEnv\n\n\n"
+        "class FiledCorridor(CorridorEnv):\n"
+        "    def __init__(self, layout, **kwargs):\n"
+        "        super().__init__(**json.loads(Path(layout).read_text()), **kwargs)\n")
+    (project / "corridor.yaml").write_text(json.dumps({
+        "name": "corridor", "iterations": 1,
+        "env": {"id": "filed_corridor:FiledCorridor", "config": {"layout": "layouts/corridor.json"},
+                "modules": ["filed_corridor"], "task_ids": ["corridor-1", "corridor-2"]},
+        "policy": {"model": "models/tiny", "lora": {"r": 4, "alpha": 8}},
+        "rollout": {"group_size": 2, "tasks_per_iteration": 1, "max_new_tokens": 17, "max_response_tokens": 100},
+        "reward": {"name": "corridor"}, "optim": {"minibatch_size": None},
+        "warm_start": {"check_tasks": 0},
+        "resources": {"ray_num_cpus": 2, "object_store_memory_mb": 80},
+    }))
+    monkeypatch.chdir(elsewhere)
+    assert main(["sft", "../project/corridor.yaml", "--epochs", "1", "--out", "runs/corridor/warm_start"]) == 0
+    printed = capsys.readouterr().out
+    warm = elsewhere / "runs" / "corridor" / "warm_start"
+    assert f"train from it with --set policy.model={warm}\n" in printed  # absolute: it works from any folder
+
+    assert main(["train", "../project/corridor.yaml", "--set", "policy.model=runs/corridor/warm_start",
+                 "--output-dir", "runs/grpo"]) == 0
+    assert "[iter 1/1]" in capsys.readouterr().out
+    assert (elsewhere / "runs" / "grpo" / "checkpoint").is_dir()
+    assert len((elsewhere / "runs" / "grpo" / "rollouts.jsonl").read_text().splitlines()) == 2
+
+    # eval from the same folder, the checkpoint relative too: the before/after table's rates,
+    # each with its interval, in a column for the checkpoint.
+    assert main(["eval", "../project/corridor.yaml", "--checkpoint", "runs/grpo/checkpoint",
+                 "--output-dir", "runs/grpo", "--set", "eval.max_tasks=1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("default evaluation"))
+    assert lines[header].split()[2:] == ["grpo/checkpoint"]
+    rates = {line.split()[0]: line.split()[1:] for line in lines[header + 1:]}
+    assert rates["success_rate"][1].startswith("[") and rates["episodes"] == ["1"]
+    assert lines[-1] == f"summary: {elsewhere / 'runs' / 'grpo' / 'eval' / 'summary.json'}"
+
+
+def test_a_command_in_a_process_that_already_runs_ray_says_so(tmp_path, capsys):
+    """``draco-gym train`` and ``eval`` start their own Ray and shut it down at the end: in a
+    process already running Ray (a notebook that called ray.init) they say what to do
+    instead of Ray's "called ray.init twice" traceback, before any minutes are spent."""
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"env": {"id": "draco_gym/PythonTools-v0"},
+                                    "policy": {"model": "smollm2-135m-instruct"}, "output_dir": str(tmp_path / "r")}))
+    import ray
+
+    ray.init(num_cpus=1, object_store_memory=80 * 2**20, include_dashboard=False, log_to_driver=False)
+    try:
+        errors = []
+        for command in (["train", str(path)], ["eval", str(path), "--checkpoint", "base"]):
+            errors.append((command[0], main(command), capsys.readouterr().err))
+    finally:
+        ray.shutdown()
+    for command, code, err in errors:
+        assert code == 2, err
+        assert f"error: draco-gym {command} starts a Ray session of its own" in err, err
+        # a message, not the exception's traceback (a logging error an earlier test's captured
+        # stream leaves behind may precede it)
+        assert "ray.shutdown()" in err and "RaySessionOpen" not in err and "ray.init twice" not in err

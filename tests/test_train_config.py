@@ -228,3 +228,30 @@ def test_core_package_imports_no_layer():
     for path in core.glob("*.py"):
         for line in path.read_text().splitlines():
             assert not re.match(r"\s*(from|import)\s+draco_gym\.(algos|reward)\b", line), f"{path.name}: {line}"
+
+
+def test_every_path_a_user_gives_is_taken_from_the_folder_the_command_runs_in(tmp_path, monkeypatch):
+    """YAML, ``--set`` and ``GRPOConfig`` paths are made absolute in the driver, against the
+    folder the command runs in (not the config file's): a Tune trial validates the config
+    again in a folder of its own, where a relative path would name nothing. The alias stays."""
+    from draco_gym.algos.rllib.grpo import GRPOConfig
+
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "work").mkdir()
+    path = write(tmp_path / "configs", {**MINIMAL, "policy": {"model": "models/m"}, "output_dir": "runs/a"})
+    monkeypatch.chdir(tmp_path / "work")
+    here = tmp_path / "work"
+    config = load_config("../configs/run.yaml")
+    assert (config.policy.model, config.output_dir) == (str(here / "models" / "m"), str(here / "runs" / "a"))
+    config = load_config(path, ["policy.model=runs/x/warm_start", "output_dir=~/runs/b"])
+    assert config.policy.model == str(here / "runs" / "x" / "warm_start")
+    assert config.output_dir == str(Path("~/runs/b").expanduser())
+    assert load_config(path, ["policy.model=smollm2-135m-instruct"]).policy.model == "smollm2-135m-instruct"
+    assert load_config(write(tmp_path, {k: v for k, v in MINIMAL.items()}, "named.yaml")).output_dir == \
+        str(here / "runs" / "named")
+
+    algo = GRPOConfig().policy(model="runs/x/warm_start").training(output_dir="out", restore_from="runs/a/checkpoint")
+    assert algo.run.policy.model == str(here / "runs" / "x" / "warm_start")
+    assert (algo.output_dir, algo.restore_from) == (str(here / "out"), str(here / "runs" / "a" / "checkpoint"))
+    monkeypatch.chdir(tmp_path)  # the trial's own folder: validating again changes nothing
+    assert parse_config(config.model_dump()).policy.model == str(here / "runs" / "x" / "warm_start")

@@ -39,15 +39,9 @@ def evaluate_policy(config, checkpoint: str | Path | None = None) -> dict:
 
 
 def table(before: dict, after: dict) -> str:
-    from draco_gym.algos.evaluation import RATES
+    from draco_gym.algos.evaluation import rates_table
 
-    lines = [f"{'held-out evaluation':<22} {'before':>22} {'after':>22}"]
-    for key in RATES:
-        if key in before and key in after:
-            cells = [f"{s[key]['mean']:.3f} [{s[key]['ci95'][0]:.2f}, {s[key]['ci95'][1]:.2f}]" for s in (before, after)]
-            lines.append(f"{key:<22} {cells[0]:>22} {cells[1]:>22}")
-    lines.append(f"{'episodes':<22} {before['episodes']:>22} {after['episodes']:>22}")
-    return "\n".join(lines)
+    return rates_table({"before": before, "after": after}, "held-out evaluation")
 
 
 def write_summary(out_dir: str | Path, before: dict, after: dict, rows: list[dict]) -> dict:

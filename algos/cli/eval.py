@@ -3,7 +3,9 @@
 Runs ``eval.episodes_per_task`` episodes (n) of every evaluation task (greedy by default)
 and reports the environment's success rate, pass@k and pass^k for k = 1..n (pass^k: all k
 of k runs succeed, tau-bench's consistency metric), termination modes and turns; on AppWorld
-also SGC (every task of a scenario solved); with ``eval.score: true`` the reward's mean.
+also SGC (every task of a scenario solved); with ``eval.score: true`` the reward's mean. It
+prints the rates of ``draco-gym train --before-after``'s table (``rates``: success, well-formed
+turns, raised blocks, and the rubric pass rate when scored), each with its 95% interval.
 
 The paper's protocol is three settings of the same command: n = 3 runs per task
 (``eval.episodes_per_task: 3``), the normal and challenge splits apart where the data has
@@ -26,11 +28,10 @@ evaluates the base model (adapter at its zero start).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from draco_gym.algos.evaluation import eval_summary, mean_summary
+from draco_gym.algos.evaluation import episode_summary, eval_summary, mean_summary, rates_table
 from draco_gym.records import write_json
 
 BASE = "base"
@@ -106,9 +107,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     ev = config.eval
+    from draco_gym.algos.rllib.session import RaySessionOpen, require_no_ray_session
+
     try:
+        require_no_ray_session("draco-gym eval")
         checkpoints = resolve_checkpoints(args.checkpoint, config.output_dir, ev.last_checkpoints)
-    except ValueError as exc:
+    except (ValueError, RaySessionOpen) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from draco_gym.algos.rllib.runs import checkpoint_model
@@ -155,9 +159,26 @@ def run(args: argparse.Namespace) -> int:
         summary.update(checkpoint=args.checkpoint[0], **next(iter(next(iter(splits.values()))["checkpoints"].values())))
     summary["splits"] = splits
     write_json(out / "summary.json", summary)
-    print(json.dumps({k: v for k, v in summary.items() if k != "splits"} if single else
-                     {"protocol": summary["protocol"], "mean": {s: v["mean"] for s, v in splits.items()}}, indent=2))
+    for name, split in splits.items():
+        print(evaluation_table(name, split))
+    print(f"summary: {out / 'summary.json'}", flush=True)
     return 0
+
+
+def evaluation_table(split: str, figures: dict) -> str:
+    """What ``draco-gym train --before-after`` prints, a column per checkpoint: each rate with
+    its 95% interval (``rates``), then pass@k and pass^k, turns and the reward's mean, and
+    with several checkpoints their mean."""
+    runs = figures["checkpoints"]
+    keys = [k for k in next(iter(runs.values())) if k.startswith(("pass@", "pass^")) or k in ("sgc", "turns_mean",
+                                                                                             "reward_mean")]
+    more = [(key, [f"{run[key]:.3f}" if key in run else "-" for run in runs.values()]) for key in keys]
+    lines = [rates_table({label: run["rates"] for label, run in runs.items()}, f"{split} evaluation", more)]
+    if len(runs) > 1:
+        mean = figures["mean"]
+        lines.append(f"mean over the {len(runs)} checkpoints: " + ", ".join(
+            f"{k} {mean[k]:.3f}" for k in ("success_rate", *keys) if k in mean))
+    return "\n".join(lines)
 
 
 def _evaluate(config, env_config: dict, task_ids: list[str], checkpoints: list[str], out: Path, split: str,
@@ -179,7 +200,8 @@ def _evaluate(config, env_config: dict, task_ids: list[str], checkpoints: list[s
                                                   group_size=ev.episodes_per_task, temperature=ev.temperature,
                                                   score=ev.score, seed=config.seed, announce=announce):
         label = _label(checkpoint or BASE)
-        runs[label] = eval_summary(groups, ev.success_metric, scenarios=scenarios)
+        runs[label] = {**eval_summary(groups, ev.success_metric, scenarios=scenarios),
+                       "rates": episode_summary(groups, ev.success_metric)}
         name = "rollouts.jsonl" if single else f"rollouts-{split}-{label.replace('/', '-')}.jsonl"
         RolloutLog(out / name).write(groups)
     return runs

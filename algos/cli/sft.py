@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -97,7 +98,7 @@ def warm_start_from_config(config, settings=None, *, out: str | Path | None = No
 
     settings = settings or config.warm_start
     model = resolve_model(config.policy.model)
-    out = Path(out or Path(config.output_dir) / "warm_start")
+    out = Path(os.path.abspath(out or Path(config.output_dir) / "warm_start"))  # printed: any folder can use it
     env = make_env(config.env.id, config.env.config, config.env.modules)
     try:
         grpo_tasks, task_ids = warm_start_tasks(config, env, settings, max_tasks)

@@ -68,6 +68,13 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(args.config, overrides)
     except ConfigError as exc:
         return _error(exc)
+    if not args.check:
+        from draco_gym.algos.rllib.session import RaySessionOpen, require_no_ray_session
+
+        try:  # before the warm start's minutes, not when Tune is about to start
+            require_no_ray_session("draco-gym train")
+        except RaySessionOpen as exc:
+            return _error(exc)
     out = Path(config.output_dir).resolve()
     resume = None
     if args.resume is not None and not args.check:

@@ -45,6 +45,16 @@ def cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("draco-gym"))
 
 
+def model_location(name_or_path: str) -> str:
+    """``policy.model`` as every process of a run reads it: the alias as it is, a path made
+    absolute against this process's working folder. The driver calls it on what the user gave
+    (YAML, ``--set``, ``GRPOConfig.policy``), before Ray starts: an actor's working folder is
+    another (a Tune trial's is its own folder), where a relative path names nothing."""
+    if name_or_path == SMOLLM2:
+        return name_or_path
+    return os.path.abspath(os.path.expanduser(name_or_path))
+
+
 def resolve_model(name_or_path: str) -> str:
     """A local directory that ``from_pretrained`` can read, for a path or a known alias.
 

@@ -209,7 +209,8 @@ def check_rates(groups: Sequence) -> dict:
     """``draco_gym.algos.evaluation.episode_summary``'s rates of one side of the check plus
     ``mixed_tasks``: the tasks whose episodes hold both a success and a failure, the tasks on
     which a GRPO group would have an outcome spread to learn from."""
-    from draco_gym.algos.evaluation import episode_summary, share
+    from draco_gym.algos.evaluation import episode_summary
+    from draco_gym.metrics import share
 
     mixed = sum(len({bool(t.metrics.get("success")) for t in g.trajectories}) == 2 for g in groups)
     return {**episode_summary(groups), "mixed_tasks": share(mixed, len(groups)), "tasks": [g.task_id for g in groups]}

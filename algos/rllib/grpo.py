@@ -58,7 +58,7 @@ from draco_gym.algos.credit import Need, credit_spec, get_credit_rule
 from draco_gym.algos.credit.apply import CreditedBatch, apply_credit
 from draco_gym.algos.rllib.env_runner import RESTORED, LLMEnvRunner, env_source
 from draco_gym.algos.rllib.learner import GRPOTorchLearner
-from draco_gym.algos.policy.models import adapter_base, check_adapter_base, resolve_model
+from draco_gym.algos.policy.models import adapter_base, check_adapter_base, model_location, resolve_model
 from draco_gym.algos.rllib.module import HFPolicyModule
 from draco_gym.algos.rllib.reporting import (OUTCOME, PHASES, MetricsLog, RolloutLog, compact, iteration_metrics,
                                             reward_hacking_warning, run_alarms)
@@ -176,6 +176,10 @@ class GRPOConfig(AlgorithmConfig):
         return self._set(ours)
 
     def _set(self, values: dict) -> GRPOConfig:
+        # The paths a script gives, made absolute here, in the driver: Tune validates the
+        # config again inside the trial, whose working folder is the trial's own.
+        absolute = {"model": model_location, "output_dir": local_path, "restore_from": local_path}
+        values = {k: absolute[k](v) if k in absolute and v is not None else v for k, v in values.items()}
         for key, value in values.items():
             if key in RLLIB_KNOBS or key not in KEYWORDS:
                 setattr(self, key, value)

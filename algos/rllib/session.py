@@ -23,12 +23,29 @@ _WORKER_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS"
                "TOKENIZERS_PARALLELISM": "false"}
 
 
+class RaySessionOpen(RuntimeError):
+    """The calling process already runs Ray, and a command would start a session of its own."""
+
+
+def require_no_ray_session(command: str) -> None:
+    """Raise ``RaySessionOpen`` when this process already runs Ray (``ray.init`` was called):
+    ``command`` starts Ray with its own resources and shuts it down when it ends, which would
+    take the caller's session with it; Ray itself only says "called ray.init twice"."""
+    if ray.is_initialized():
+        raise RaySessionOpen(f"{command} starts a Ray session of its own and shuts it down at the end, but this "
+                             "process already runs Ray (ray.init was called before): call ray.shutdown() first, "
+                             f"run {command} in a process of its own (python -m draco_gym.cli ...), or drive "
+                             "GRPOConfig(...).build_algo() inside your session")
+
+
 def start_ray(resources: ResourcesSection) -> None:
     """Ray for this run, with GRPO registered for Tune: the cluster at ``ray_address``
     (else ``$RAY_ADDRESS``) when one is given, otherwise a local one this process starts,
-    sized by ``ray_num_cpus`` and ``object_store_memory_mb``."""
+    sized by ``ray_num_cpus`` and ``object_store_memory_mb``. Raises ``RaySessionOpen`` when
+    this process already runs Ray."""
     from draco_gym.algos.rllib.grpo import register_with_tune
 
+    require_no_ray_session("this command")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 otherwise asks for a token
     runtime_env = {"env_vars": dict(_WORKER_ENV)}
     address = resources.ray_address or os.environ.get("RAY_ADDRESS")

@@ -288,19 +288,22 @@
   }
 
   function evalTable(ev) {
-    var cols = Object.keys(ev.columns);
-    var keys = [];
-    cols.forEach(function (c) { Object.keys(ev.columns[c]).forEach(function (k) { if (keys.indexOf(k) < 0) keys.push(k); }); });
-    var both = cols.indexOf('before') >= 0 && cols.indexOf('after') >= 0;
-    var rows = keys.map(function (k) {
-      var cells = cols.map(function (c) { return el('td', { class: 'num' }, fmt(ev.columns[c][k])); });
-      var b = both ? ev.columns.before[k] : null, a = both ? ev.columns.after[k] : null;
-      if (both) cells.push(el('td', { class: 'num' }, typeof a === 'number' && typeof b === 'number' ? signed(a - b, 3) : ''));
-      return el('tr', null, el('th', null, k), cells);
+    // A rate is {v, ci: [lo, hi], k, n}: shown as "v [lo, hi]", its k of n on hover.
+    var rate = function (x) { return x !== null && typeof x === 'object' && Array.isArray(x.ci); };
+    var shown = function (x) {
+      if (rate(x)) return fmt(x.v, 3) + ' [' + fmt(x.ci[0], 2) + ', ' + fmt(x.ci[1], 2) + ']';
+      return Number.isInteger(x) ? String(x) : fmt(x);  // a count as a count
+    };
+    var rows = ev.rows.map(function (r) {
+      var cells = r.cells.map(function (x) { return el('td', { class: 'num', title: rate(x) ? x.k + ' of ' + x.n : null }, shown(x)); });
+      var diff = !r.diff ? '' : r.diff.ci ? signed(r.diff.v, 3) + ' [' + signed(r.diff.ci[0], 3) + ', ' + signed(r.diff.ci[1], 3) + ']' : 'no change seen';
+      if (ev.diff) cells.push(el('td', { class: 'num' }, diff));
+      return el('tr', null, el('th', null, r.key), cells);
     });
     return el('section', { class: 'card' }, el('h3', null, 'Evaluation (' + ev.file + ')'),
-      el('table', { class: 'eval' }, el('thead', null, el('tr', null, el('th', null, ''), cols.map(function (c) { return el('th', null, c); }), both ? el('th', null, 'after − before') : null)),
-        el('tbody', null, rows)));
+      el('table', { class: 'eval' }, el('thead', null, el('tr', null, el('th', null, ''), ev.columns.map(function (c) { return el('th', null, c); }), ev.diff ? el('th', null, 'after − before, 95% CI') : null)),
+        el('tbody', null, rows)),
+      ev.notes.length ? el('ul', { class: 'notes' }, ev.notes.map(function (n) { return el('li', null, n); })) : null);
   }
 
   function sparkline(ys) {
