@@ -145,6 +145,9 @@ def warm_start_then_train(config, args: argparse.Namespace, task_ids: list[str],
         before = in_child_process(evaluate_policy, config, resume.path if resume else None)
     except ConfigError as exc:
         return _error(exc)
+    rate = before["success_rate"]
+    print(f"before training: success rate {rate['mean']:.3f} [{rate['ci95'][0]:.2f}, {rate['ci95'][1]:.2f}] "
+          f"over {before['episodes']} held-out episodes", flush=True)
     code = train(config, task_ids, resume=resume, overwrite=args.overwrite)
     if code:
         return code
