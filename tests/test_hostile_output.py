@@ -1,0 +1,268 @@
+"""Nothing the agent controls raises out of the pipeline (issue 36).
+
+An agent's code can print a lone surrogate (``print(chr(0xd800))``), write bytes that are
+not UTF-8, submit bytes (``submit(b'\\xff\\xfe')``) and nest its values a thousand levels
+deep. Each of these once raised past the episode: the policy's tokenizer (``run_episodes``
+lost the whole batch), the renderer and every judge's request (UnicodeEncodeError), the
+rollout log (UnicodeDecodeError), AppWorld's relay (RecursionError). Here each is played
+through the real pieces (PythonTools' sandboxed interpreter, the tiny random Llama's
+tokenizer, ``RolloutLog``, ``render_trajectory``, the static and dynamic rubrics asking a
+judge over a real socket), once by name and then as a property over arbitrary text, bytes
+and nesting.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import draco_gym  # noqa: F401 - registers the ids
+from draco_gym.algos.policy.chat import ChatFormat
+from draco_gym.algos.policy.generation import Sample
+from draco_gym.algos.policy.rollout import Episode, EpisodeLimits, run_episodes
+from draco_gym.algos.rllib.reporting import RolloutLog
+from draco_gym.records import read_records
+from draco_gym.reward import RuleRubricReward, build_reward
+from draco_gym.reward.judges import OpenAIJudge
+from draco_gym.reward.render import render_trajectory
+from draco_gym.types import RolloutGroup, Termination, Trajectory
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from judge_server import JudgeServer, RuleJudge  # noqa: E402
+
+LIMITS = EpisodeLimits(max_new_tokens=4096, max_response_tokens=1 << 20)
+
+
+def fence(code: str) -> str:
+    return f"```python\n{code}\n```"
+
+
+class ScriptedSampler:
+    """Plays fixed token ids as the policy's turns: ``scripts[i][turn]`` for the i-th live
+    episode (EOS appended); every script here has the same number of turns."""
+
+    def __init__(self, chat: ChatFormat, scripts: list[list[list[int]]]) -> None:
+        self.chat, self.scripts, self.turn = chat, scripts, 0
+
+    def sample(self, prompts, max_new_tokens, seed):
+        samples = []
+        for script in self.scripts[: len(prompts)]:
+            ids = script[min(self.turn, len(script) - 1)] + [self.chat.eos_ids[0]]
+            samples.append(Sample(ids, [-1.0] * len(ids), True))
+        self.turn += 1
+        return samples
+
+
+@pytest.fixture(scope="module")
+def chat(tiny_model):
+    from transformers import AutoTokenizer
+
+    return ChatFormat.from_tokenizer(AutoTokenizer.from_pretrained(tiny_model))
+
+
+@pytest.fixture(scope="module")
+def env():
+    made = gym.make("draco_gym/PythonTools-v0")
+    yield made
+    made.close()
+
+
+@pytest.fixture(scope="module")
+def judge_url():
+    judge = RuleJudge(["Submits the total"], lambda title, text: "submit(1)" in text)
+    with JudgeServer(judge) as server:
+        yield server.base_url
+
+
+def rewards(judge_url: str) -> dict:
+    """Every kind of reader of a scored trajectory: the two judged rubrics and the rule one."""
+    def judge():
+        return OpenAIJudge("test-judge", base_url=judge_url, api_key="sk-test", max_retries=0)
+
+    return {"static": build_reward("static", judge=judge(), retries=0, max_repairs=0),
+            "dynamic": build_reward("dynamic", judge=judge(), mode="fused", retries=0, max_repairs=0),
+            "rule": RuleRubricReward()}
+
+
+def task_id(env) -> str:
+    return env.unwrapped.task_ids[0]
+
+
+def played(env, code: str) -> Trajectory:
+    """One episode of ``code`` then a closing message, stepped by hand (no tokenizer)."""
+    env.reset(options={"task_id": task_id(env)})
+    env.step(fence(code))
+    *_, info = env.step("Done.")
+    return info["trajectory"]
+
+
+def rolled_out(envs: list, chat: ChatFormat, scripts: list[list[list[int]]]) -> list[Trajectory]:
+    """One episode per script (and environment), all in one batch of ``run_episodes``."""
+    episodes = [Episode.start(e, chat, LIMITS, task_id=task_id(e)) for e in envs]
+    return run_episodes(episodes, ScriptedSampler(chat, scripts), chat, LIMITS)
+
+
+def encodable(value) -> bool:
+    json.dumps(value, ensure_ascii=False).encode("utf-8")
+    return True
+
+
+# -- each exploit by name -------------------------------------------------------------------
+
+
+def test_a_lone_surrogate_in_the_output_ends_no_episode_of_the_batch(env, chat):
+    """Before: the tokenizer raised TypeError on the observation and the batch was lost."""
+    other = gym.make("draco_gym/PythonTools-v0")
+    try:
+        hostile, calm = rolled_out([env, other], chat, [
+            [chat.encode(fence("print(chr(0xd800) + 'after')")), chat.encode("Done.")],
+            [chat.encode(fence("print('ok')")), chat.encode("Done.")]])
+    finally:
+        other.close()
+    assert hostile.termination == calm.termination == Termination.NO_CODE
+    assert hostile.steps[0].observation.startswith("\ufffdafter")
+    assert calm.steps[0].observation.startswith("ok")
+    assert encodable(hostile.model_dump(mode="json"))
+
+
+@pytest.mark.parametrize("reader", ["render", "static", "dynamic"])
+def test_a_lone_surrogate_reaches_the_renderer_and_every_judge_as_valid_text(env, judge_url, reader):
+    """Before: render_trajectory and both judged rubrics raised UnicodeEncodeError."""
+    trajectory = played(env, "print(chr(0xd800))")
+    if reader == "render":
+        assert "\ufffd" in render_trajectory(trajectory).encode("utf-8").decode("utf-8")
+        return
+    score = rewards(judge_url)[reader].score_group(trajectory.task, [trajectory, played(env, "submit(1)")])
+    assert score.judge_failures == [] and score.judge_answers > 0
+    if reader == "dynamic":  # the judge read both rollouts: only the second one submits
+        assert score.rewards == [-1.0, 1.0]
+
+
+def test_lone_surrogates_become_u_fffd_and_a_split_pair_its_character(env):
+    trajectory = played(env, "print(chr(0xd800))\nprint(chr(0xdfff) + chr(0xd83d) + chr(0xde00))")
+    assert trajectory.steps[0].observation.startswith("\ufffd\n\ufffd\U0001F600")
+
+
+def test_submitted_bytes_reach_the_rollout_log_as_text(env, tmp_path):
+    """Before: ``RolloutLog.write`` raised UnicodeDecodeError on the submitted bytes."""
+    trajectory = played(env, "submit(b'\\xff\\xfe' + 'é'.encode())")
+    assert trajectory.metrics["submitted"] is True and trajectory.metrics["success"] is False
+    assert trajectory.metrics["answer"] == "\\xff\\xfeé"  # UTF-8 decoded, the invalid bytes escaped
+    group = RolloutGroup(task_id=trajectory.task.id, trajectories=[trajectory],
+                         score=RuleRubricReward().score_group(trajectory.task, [trajectory]))
+    RolloutLog(tmp_path / "rollouts.jsonl").write([group], iteration=0, step_advantages=[[0.0, 0.0]])
+    [record], torn = read_records(tmp_path / "rollouts.jsonl")
+    assert torn == 0 and record["trajectory"]["metrics"]["answer"] == "\\xff\\xfeé"
+
+
+# -- the property: arbitrary text, bytes and nesting through the whole pipeline --------------
+
+# What the agent's code prints and submits: any code point (lone surrogates too), any bytes,
+# values nested up to 150 deep (past the sandbox's wire limit of 100) and wide ones.
+ANY_TEXT = st.text(st.characters(exclude_categories=()) | st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF,
+                                                                          exclude_categories=()), max_size=40)
+SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | ANY_TEXT \
+    | st.binary(max_size=16)
+VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.tuples(inner, inner)
+                      | st.dictionaries(ANY_TEXT | st.binary(max_size=4) | st.integers(), inner, max_size=3),
+                      max_leaves=12)
+
+
+def nested(depth: int, kind: str) -> str:
+    """Python source of a value ``depth`` levels deep, built by a loop (the parser's own
+    nesting limit is 200)."""
+    seed = {"list": "[x]", "dict": "{'k': x}", "tuple": "(x,)"}[kind]
+    return f"x = 0\nfor _ in range({depth}):\n    x = {seed}\n"
+
+
+@st.composite
+def hostile_block(draw) -> str:
+    lines = [f"print({draw(ANY_TEXT)!r})",
+             f"__import__('sys').stdout.flush(); __import__('os').write(1, {draw(st.binary(max_size=32))!r})",
+             f"print({draw(ANY_TEXT)!r}, file=__import__('sys').stderr)"]
+    depth, kind = draw(st.integers(0, 1200)), draw(st.sampled_from(["list", "dict", "tuple"]))
+    last = draw(st.sampled_from(["value", "nested", "print_nested"]))
+    if last == "value":
+        lines.append(f"submit({draw(VALUES)!r})")
+    elif last == "nested":
+        lines.append(nested(depth, kind) + "submit(x)")
+    else:
+        lines.append(nested(depth, kind) + "print(x)")
+    return "\n".join(lines)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(block=hostile_block(), noise=st.lists(st.integers(0, 10_000), max_size=24), closing=ANY_TEXT)
+def test_any_output_goes_through_the_pipeline_as_valid_text(env, chat, judge_url, tmp_path, block, noise, closing):
+    """Arbitrary Unicode, bytes and nesting: ``env.step`` -> ``run_episodes`` (the tiny
+    Llama's tokenizer) -> ``RolloutLog`` -> ``render_trajectory`` -> the static, dynamic and
+    rule rubrics. No stage raises, every episode ends as the agent ended it, and every text
+    is valid UTF-8. ``noise``: random token ids the policy may emit before its block (their
+    decoding is whatever the tokenizer makes of them)."""
+    vocab = len(chat.tokenizer)
+    special = set(chat.tokenizer.all_special_ids)
+    noise_ids = [t % vocab for t in noise if t % vocab not in special]
+    closing_ids = chat.encode(closing.encode("utf-8", "replace").decode("utf-8"))  # the sampler's own text is valid
+    script = [noise_ids + chat.encode("\n" + fence(block)), closing_ids]
+    [trajectory] = rolled_out([env], chat, [script])
+    assert trajectory.termination in (Termination.NO_CODE, Termination.MAX_TURNS), trajectory.termination
+    assert "env_exception" not in trajectory.metrics, trajectory.metrics
+    assert encodable(trajectory.model_dump(mode="json"))
+
+    group = RolloutGroup(task_id=trajectory.task.id, trajectories=[trajectory, played(env, "submit(1)")])
+    log = tmp_path / f"rollouts-{id(block)}.jsonl"
+    for name, reward in rewards(judge_url).items():
+        score = reward.score_group(group.task, group.trajectories)
+        assert score.judge_failures == [], (name, score.judge_failures)
+        RolloutLog(log).write([group.with_score(score)], iteration=0)
+    records, torn = read_records(log)
+    assert torn == 0 and len(records) == 6
+    assert Trajectory.model_validate(records[0]["trajectory"]).steps == trajectory.steps
+    assert encodable(render_trajectory(trajectory))
+
+
+# -- AppWorld: a relay line nested past any recursive walk ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def appworld_source():
+    from draco_gym.envs.appworld import AppWorldRuntime, ensure_offline_suite
+
+    return ensure_offline_suite(AppWorldRuntime())
+
+
+def test_a_deeply_nested_relay_line_fails_its_api_call_not_the_step(appworld_source):
+    """The agent's shell writes API requests by hand on its relay socket, their arguments
+    nested 850 to 995 levels deep. Before: a depth the parent could still parse but not
+    serialise again to the world made ``env.step`` raise RecursionError (which depths do
+    depends on the stack's own depth, so every one is tried). Now each such call is answered
+    422 and recorded as a failed call, and the step returns."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from appworld_hacks import PROTOCOL_FDS
+
+    from draco_gym.envs import os_sandbox
+
+    mode = "bwrap" if os_sandbox.bwrap_problem() is None else "guard"
+    env = gym.make("draco_gym/AppWorld-v0", data_root=str(appworld_source.data_dir), sandbox=mode,
+                   step_timeout_s=20, show_progress=False)
+    try:
+        env.reset(options={"task_id": "photo-count_1"})
+        code = PROTOCOL_FDS + (
+            "for depth in range(850, 996):\n"
+            "    line = b'{\"api\": {\"method\": \"POST\", \"url\": \"/simple_note/login\", \"kwargs\": {\"a\": '"
+            " + b'[' * depth + b']' * depth + b'}}}\\n'\n"
+            "    o.write(fds[0], line)\n"
+            "print('sent')")
+        observation, _, terminated, _, info = env.step(fence(code))
+    finally:
+        env.close()
+    calls = info.get("tool_calls") or []
+    assert calls and all(call["status"] == 422 and not call["ok"] for call in calls), calls[:3]
+    assert terminated or "sent" in observation
