@@ -556,9 +556,13 @@ class GRPO(Algorithm):
         return options
 
     def update(self, batch: CreditedBatch) -> None:
-        """One learner step per minibatch of trajectories, ``num_epochs`` times."""
+        """One learner step per minibatch of trajectories, ``num_epochs`` times, over the
+        trajectories the loss takes (``CreditedBatch.learned``: no ``env_error`` episode)."""
         optim = self.config.run.optim
-        arrays = token_batch(batch.trajectories, batch.token_advantages, pad_id=0)
+        trajectories, advantages = batch.learned()
+        if not trajectories:  # every group was skipped: nothing to learn from this iteration
+            return
+        arrays = token_batch(trajectories, advantages, pad_id=0)
         # (one_step: the drawing policy is an update behind the learner; only the sampler has its log-probs)
         default = self.config.run.policy.sampler == "vllm" and self.config.run.rollout.pipeline == "off"
         if optim.recompute_old_logprobs or (optim.recompute_old_logprobs is None and default):
@@ -568,7 +572,7 @@ class GRPO(Algorithm):
             learner_logp = first.get() if hasattr(first, "get") else first
             self._log_sampler_agreement(arrays, learner_logp)
             arrays["old_logp"] = learner_logp
-        n = len(batch.trajectories)
+        n = len(trajectories)
         size = self.config.minibatch_size or n
         n_learners = len(self.learner_group)  # 0: the local learner
         results = []
