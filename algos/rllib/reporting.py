@@ -29,6 +29,9 @@ from draco_gym.types import RolloutGroup, RolloutRecord
 PHASES = ("generation", "env", "judge", "credit", "learner", "sync")
 OUTCOME = "success"
 """The environment's own evaluation the reward is checked against (``Trajectory.metrics``)."""
+NOTE_KEY = "note"
+"""The result key (top level, a string: lines, empty when none) of what an iteration has to
+say on the console beside its progress line (a judge that answered nothing)."""
 
 
 
