@@ -462,8 +462,8 @@ class GRPO(Algorithm):
         once, in one console line (``judge_health.judge_down``), however many groups ``k`` is."""
         down = judge_down([group.score for group in groups])
         if down is not None and not self._judge_down_named:
-            logger.warning("iteration %d: %s", self.iteration, down)
-            self._notes.append(f"iteration {self.iteration}: {down}")
+            logger.warning("iteration %d: %s", self.iteration + 1, down)  # Tune's training_iteration
+            self._notes.append(f"warning: {down}")  # printed under the iteration's progress line
         self._judge_down_named = down is not None
         self._judged.extend(group.score for group in groups)
         message = dead_judge(list(self._judged), k=self.config.run.reward.dead_judge_groups)
