@@ -288,3 +288,38 @@ def test_a_deeply_nested_relay_line_fails_its_api_call_not_the_step(appworld_sou
     calls = info.get("tool_calls") or []
     assert calls and all(call["status"] == 422 and not call["ok"] for call in calls), calls[:3]
     assert terminated or "sent" in observation
+
+
+# -- valid_data's bounds, on values no sandbox bounded ---------------------------------------
+
+
+def test_a_value_nested_past_the_recursion_limit_is_cut_at_its_depth_bound(tmp_path):
+    """An environment of one's own may put anything in its metrics: a list nested 10,000
+    deep (json.dumps and repr raise RecursionError on it) is cut at ``MAX_DEPTH`` when the
+    Trajectory is built, and the rollout log writes it."""
+    from draco_gym.text import MAX_DEPTH, nesting_depth, valid_data
+    from draco_gym.types import Task
+
+    deep: list = []
+    for _ in range(10_000):
+        deep = [deep]
+    with pytest.raises(RecursionError):
+        json.dumps(deep)
+    kept = valid_data({"answer": deep})
+    assert nesting_depth(kept, limit=10 * MAX_DEPTH) == MAX_DEPTH  # the dict, 63 lists, in the last one a marker
+    inner = kept["answer"]
+    for _ in range(MAX_DEPTH - 2):
+        [inner] = inner
+    assert inner == ["[... a list nested too deep ...]"]
+    task = Task(id="t", instruction="x")
+    trajectory = Trajectory(task=task, termination="no_code", metrics={"answer": deep, "big": 1 << 20_000,
+                                                                        "huge": "x" * 3_000_000,
+                                                                        "wide": list(range(200_000))})
+    assert trajectory.metrics["big"] == "[an integer of 20001 bits]"
+    assert len(trajectory.metrics["huge"]) <= 1_000_000 and "truncated" in trajectory.metrics["huge"]
+    assert trajectory.metrics["wide"][-1] == "[... values beyond the limit left out ...]"
+    group = RolloutGroup(task_id="t", trajectories=[trajectory],
+                         score=RuleRubricReward().score_group(task, [trajectory]))
+    RolloutLog(tmp_path / "rollouts.jsonl").write([group], iteration=0)
+    [record], torn = read_records(tmp_path / "rollouts.jsonl")
+    assert torn == 0 and record["trajectory"]["metrics"]["big"] == "[an integer of 20001 bits]"
