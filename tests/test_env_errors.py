@@ -101,3 +101,20 @@ def test_the_learner_steps_only_on_the_episodes_in_the_loss(monkeypatch):
     with pytest.raises(Built) as built:
         grpo.GRPO.update(algo, batch)
     assert built.value.args == (batch.trajectories[:2], batch.token_advantages[:2])
+
+
+@pytest.mark.parametrize("scored", [MIXED, LONE, WHOLE])
+def test_the_report_shows_the_advantages_training_used(scored, tmp_path):
+    """``draco-gym report`` recomputes A_i from the rollout log: the same ones credit used
+    (env_error episodes 0, a skipped group all 0)."""
+    from draco_gym.algos.rllib.reporting import RolloutLog
+    from draco_gym.records import read_records
+    from draco_gym.report import Limits, _Group, as_record, summarise_group
+
+    batch = apply_credit([scored], get_credit_rule("uniform"))
+    path = tmp_path / "rollouts.jsonl"
+    RolloutLog(path).write([scored], iteration=0, step_advantages=batch.step_advantages)
+    records, _ = read_records(path)
+    group = _Group(0, TASK.id, [(n, as_record(raw, path, n)) for n, raw in enumerate(records, start=1)])
+    summary, _, _ = summarise_group(group, 0, path.name, Limits())
+    assert [row["A"] for row in summary["roll"]] == pytest.approx(batch.group_advantages[0], abs=1e-12)
