@@ -34,6 +34,7 @@ from draco_gym.reward.render import render_trajectory
 from draco_gym.types import RolloutGroup, Termination, Trajectory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from appworld_hacks import PROTOCOL_FDS  # noqa: E402
 from judge_server import JudgeServer, RuleJudge  # noqa: E402
 
 LIMITS = EpisodeLimits(max_new_tokens=4096, max_response_tokens=1 << 20)
@@ -260,15 +261,22 @@ def appworld_source():
     return ensure_offline_suite(AppWorldRuntime())
 
 
-def test_a_deeply_nested_relay_line_fails_its_api_call_not_the_step(appworld_source):
-    """The agent's shell writes API requests by hand on its relay socket, their arguments
-    nested 850 to 995 levels deep. Before: a depth the parent could still parse but not
-    serialise again to the world made ``env.step`` raise RecursionError (which depths do
-    depends on the stack's own depth, so every one is tried). Now each such call is answered
-    422 and recorded as a failed call, and the step returns."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from appworld_hacks import PROTOCOL_FDS
+def relay_line(depth: int) -> str:
+    """A fenced block whose shell writes one API request by hand on its relay socket, the
+    arguments nested ``depth`` levels deep, and reads nothing back."""
+    return fence(PROTOCOL_FDS + (
+        f"depth = {depth}\n"
+        "o.write(fds[0], b'{\"api\": {\"method\": \"POST\", \"url\": \"/simple_note/login\", \"kwargs\": {\"a\": '"
+        " + b'[' * depth + b']' * depth + b'}}}\\n')\n"
+        "print('sent')"))
 
+
+def test_a_deeply_nested_relay_line_ends_no_run(appworld_source):
+    """Before: a line nested ~900-1000 deep, which the parent could still parse but not
+    serialise again for the world, made ``env.step`` raise RecursionError. Now arguments
+    deeper than ``MAX_DEPTH`` are answered 422 and recorded as a failed call; what the shell
+    does with a reply it did not wait for, or a line too deep to parse, breaks the protocol
+    and ends the episode as env_error. ``env.step`` itself never raises."""
     from draco_gym.envs import os_sandbox
 
     mode = "bwrap" if os_sandbox.bwrap_problem() is None else "guard"
@@ -276,18 +284,17 @@ def test_a_deeply_nested_relay_line_fails_its_api_call_not_the_step(appworld_sou
                    step_timeout_s=20, show_progress=False)
     try:
         env.reset(options={"task_id": "photo-count_1"})
-        code = PROTOCOL_FDS + (
-            "for depth in range(850, 996):\n"
-            "    line = b'{\"api\": {\"method\": \"POST\", \"url\": \"/simple_note/login\", \"kwargs\": {\"a\": '"
-            " + b'[' * depth + b']' * depth + b'}}}\\n'\n"
-            "    o.write(fds[0], line)\n"
-            "print('sent')")
-        observation, _, terminated, _, info = env.step(fence(code))
+        observation, _, terminated, _, info = env.step(relay_line(70))
+        assert not terminated and observation.startswith("sent")
+        assert info["tool_calls"] == [{"name": "/simple_note/login", "ok": False, "status": 422}]
+        for depth in range(900, 1000, 10):
+            env.reset(options={"task_id": "photo-count_1"})
+            observation, _, terminated, _, info = env.step(relay_line(depth))
+            assert terminated and observation.startswith("Environment error: the code broke the environment's "
+                                                         "protocol"), (depth, observation)
+            assert info["trajectory"].termination == Termination.ENV_ERROR
     finally:
         env.close()
-    calls = info.get("tool_calls") or []
-    assert calls and all(call["status"] == 422 and not call["ok"] for call in calls), calls[:3]
-    assert terminated or "sent" in observation
 
 
 # -- valid_data's bounds, on values no sandbox bounded ---------------------------------------
