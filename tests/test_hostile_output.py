@@ -34,7 +34,6 @@ from draco_gym.reward.render import render_trajectory
 from draco_gym.types import RolloutGroup, Termination, Trajectory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from appworld_hacks import PROTOCOL_FDS  # noqa: E402
 from judge_server import JudgeServer, RuleJudge  # noqa: E402
 
 LIMITS = EpisodeLimits(max_new_tokens=4096, max_response_tokens=1 << 20)
@@ -254,23 +253,6 @@ def test_any_output_goes_through_the_pipeline_as_valid_text(env, chat, judge_url
 # -- AppWorld: a relay line nested past any recursive walk ------------------------------------
 
 
-@pytest.fixture(scope="module")
-def appworld_source():
-    from draco_gym.envs.appworld import AppWorldRuntime, ensure_offline_suite
-
-    return ensure_offline_suite(AppWorldRuntime())
-
-
-def relay_line(depth: int) -> str:
-    """A fenced block whose shell writes one API request by hand on its relay socket, the
-    arguments nested ``depth`` levels deep, and reads nothing back."""
-    return fence(PROTOCOL_FDS + (
-        f"depth = {depth}\n"
-        "o.write(fds[0], b'{\"api\": {\"method\": \"POST\", \"url\": \"/simple_note/login\", \"kwargs\": {\"a\": '"
-        " + b'[' * depth + b']' * depth + b'}}}\\n')\n"
-        "print('sent')"))
-
-
 def test_relay_arguments_nested_past_the_bound_are_refused_before_they_are_serialised():
     """Before: arguments the parent could still parse but not serialise again for the world
     (a line ~980 deep, the exact depth depending on the stack) made ``env.step`` raise
@@ -304,24 +286,6 @@ def test_relay_arguments_nested_past_the_bound_are_refused_before_they_are_seria
                             calls)["status_code"] == 200
     assert calls == [{"name": "/simple_note/login", "ok": False, "status": 422}] * 2 + [
         {"name": "simple_note.login", "ok": True, "status": 200}]
-
-
-def test_a_nested_relay_line_is_answered_422_on_appworld(appworld_source):
-    """The same through a real AppWorld shell: its code writes one request line by hand on
-    the relay socket, arguments 70 levels deep; the step returns and records the refused
-    call."""
-    from draco_gym.envs import os_sandbox
-
-    mode = "bwrap" if os_sandbox.bwrap_problem() is None else "guard"
-    env = gym.make("draco_gym/AppWorld-v0", data_root=str(appworld_source.data_dir), sandbox=mode,
-                   step_timeout_s=20, show_progress=False)
-    try:
-        env.reset(options={"task_id": "photo-count_1"})
-        observation, _, terminated, _, info = env.step(relay_line(70))
-    finally:
-        env.close()
-    assert not terminated and observation.startswith("sent")
-    assert info["tool_calls"] == [{"name": "/simple_note/login", "ok": False, "status": 422}]
 
 
 # -- valid_data's bounds, on values no sandbox bounded ---------------------------------------
