@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from math import comb
 
+from draco_gym.types import Termination
+
 
 def finite_number(value) -> float | None:
     """A metric's value as a float (booleans count as 0/1), or None when it is not a finite
@@ -20,6 +22,15 @@ def finite_number(value) -> float | None:
     if isinstance(value, (int, float)) and math.isfinite(value):
         return float(value)
     return None
+
+
+def learned_episodes(terminations) -> list[int]:
+    """The indices of a group's episodes that its statistics and the loss take: those that did
+    not end in ``env_error`` (the infrastructure failed them, not the policy); none when that
+    leaves fewer than two of a larger group (no baseline: the group is skipped)."""
+    terminations = list(terminations)
+    kept = [i for i, termination in enumerate(terminations) if termination != Termination.ENV_ERROR]
+    return kept if len(kept) >= min(2, len(terminations)) else []
 
 
 def group_advantages(rewards, eps: float = 1e-6) -> list[float]:

@@ -39,7 +39,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from draco_gym.metrics import difference, finite_number, group_advantages
+from draco_gym.metrics import difference, finite_number, group_advantages, learned_episodes
 from draco_gym.records import RecordError, RecordReader
 from draco_gym.text import truncate_middle
 from draco_gym.types import RolloutRecord, Step
@@ -291,7 +291,10 @@ def summarise_group(group: _Group, gid: int, source: str, limits: Limits) -> tup
     column = {c[0]: j for j, c in enumerate(criteria)}
     fallbacks = list(records[0].fallbacks)
     rewards = [r.score.reward if r.score else 0.0 for r in records]
-    advantages = group_advantages(rewards)
+    advantages = [0.0] * len(records)  # as training's: env_error episodes take no part (learned_episodes)
+    kept = learned_episodes(r.trajectory.termination for r in records)
+    for i, a_i in zip(kept, group_advantages([rewards[i] for i in kept])):
+        advantages[i] = a_i
     summary_rows, detail_rows = [], []
     inert = nonzero = 0
     for (line, record), r_i, a_i in zip(group.rows, rewards, advantages):

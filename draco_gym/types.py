@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from draco_gym.text import valid_data, valid_text
 
 GAP = -1
 """Step index of a token that belongs to no step: prompt, observations, chat scaffolding."""
@@ -53,6 +55,15 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+AgentText = Annotated[str, AfterValidator(valid_text)]
+"""Text the agent controls (its message, its code, what the code printed): valid Unicode,
+a lone surrogate replaced (``draco_gym.text``), so the tokenizer, the logs, the renderer
+and the judges can encode it."""
+AgentData = Annotated[dict[str, Any], BeforeValidator(valid_data)]
+"""A dict that holds what the agent controls (tool calls, a submitted answer): valid text,
+JSON-ready, bounded in depth and size (``draco_gym.text.valid_data``)."""
+
+
 class Task(_Model):
     """What the agent is asked to do, and the system prompt exactly as it saw it."""
 
@@ -73,11 +84,11 @@ class Step(_Model):
     """
 
     index: int = Field(ge=1)
-    text: str
-    code: str | None = None
-    observation: str = ""
+    text: AgentText
+    code: AgentText | None = None
+    observation: AgentText = ""
     n_tokens: int = Field(default=0, ge=0)
-    info: dict[str, Any] = Field(default_factory=dict)
+    info: AgentData = Field(default_factory=dict)
 
     @property
     def is_credit_step(self) -> bool:
@@ -98,7 +109,7 @@ class Trajectory(_Model):
     task: Task
     steps: list[Step] = Field(default_factory=list)
     termination: str | None = None
-    metrics: dict[str, Any] = Field(default_factory=dict)
+    metrics: AgentData = Field(default_factory=dict)
     token_ids: list[int] = Field(default_factory=list)
     token_step: list[int] = Field(default_factory=list)
     token_logprobs: list[float] = Field(default_factory=list)

@@ -31,6 +31,7 @@ with termination ``env_error``.
 
 The base class owns everything that must behave the same across environments: finding the
 code block (``draco_gym.codeblock``), the end rule, the turn budget, observation truncation,
+valid text and bounded data out of whatever the agent's code produced (``draco_gym.text``),
 and recording the episode as a ``Trajectory``. The Gymnasium reward is always 0: in this
 library rewards come from the rubric layer, which sees the whole group of rollouts.
 
@@ -55,7 +56,7 @@ from gymnasium import spaces
 
 from draco_gym.codeblock import DEFAULT_LANGUAGES, MULTI_BLOCK_POLICIES, MultiBlockPolicy, parse_message
 from draco_gym.envs.state_keys import START
-from draco_gym.text import truncate_middle
+from draco_gym.text import truncate_middle, valid_data, valid_text
 from draco_gym.types import STATE_KEY, TOOL_CALLS, Step, Task, Termination, Trajectory
 
 EndRule = Literal["no_code", "task_completed"]
@@ -352,7 +353,10 @@ class CodeStepEnv(gym.Env[str, str]):
             info[STATE_KEY] = state_key
             if outcome.code is not None and not outcome.exec_error:
                 self._state_key = self._state_key_after(outcome.code) or state_key
-        observation = truncate_middle(outcome.observation, self.max_observation_chars)
+        # What the agent's code printed and called enters the pipeline here: valid text,
+        # bounded data, whatever the block wrote (draco_gym.text)
+        observation = valid_text(truncate_middle(outcome.observation, self.max_observation_chars))
+        info = valid_data(info)
         return self._record_step(index, action, outcome.code, observation, info, outcome.termination,
                                  outcome.truncation)
 
@@ -448,6 +452,7 @@ class CodeStepEnv(gym.Env[str, str]):
 
     def _safe_evaluate(self) -> dict[str, Any]:
         try:
-            return dict(self._evaluate())
+            metrics = dict(self._evaluate())
         except Exception as exc:  # noqa: BLE001 - an evaluation failure must not lose the episode
-            return {"evaluation_error": f"{type(exc).__name__}: {exc}"}
+            metrics = {"evaluation_error": f"{type(exc).__name__}: {exc}"}
+        return valid_data(metrics)  # the submitted answer is the agent's: bytes, any nesting

@@ -6,6 +6,9 @@ Every judge stage request that gets no usable answer is recorded in its ``GroupS
 (``judge_answers``). From those records:
 
     every_call_failed(group)       the judge was asked and answered nothing usable
+    judge_down(groups)             the one line naming server and error when every judge call
+                                   of these groups (an iteration's) failed; the trainer prints
+                                   it the first iteration that happens, whatever k is
     dead_judge(groups, k)          the message naming server and error when each of the last
                                    k groups had every judge call fail (None otherwise); the
                                    trainer stops the run on it
@@ -48,6 +51,18 @@ def every_call_failed(group: GroupScore) -> bool:
     return bool(group.judge_failures) and group.judge_answers == 0
 
 
+def judge_down(groups: Sequence[GroupScore]) -> str | None:
+    """One line naming each judge server and its latest errors when the groups that asked a
+    judge (one iteration's) got no usable answer at all; None when one answered, or none was
+    asked."""
+    asked = [g for g in groups if g.judge_failures or g.judge_answers]
+    if not asked or not all(every_call_failed(g) for g in asked):
+        return None
+    calls = sum(len(g.judge_failures) for g in asked)
+    return (f"the judge failed every call of this iteration ({calls} requests, none answered): {_named(asked)}. "
+            f"{_CHECK}")
+
+
 def dead_judge(groups: Sequence[GroupScore], k: int = DEAD_JUDGE_GROUPS) -> str | None:
     """The message to stop a run with when each of the last ``k`` groups (in scoring order)
     had every judge call fail, naming each server and its latest errors; None otherwise
@@ -57,15 +72,22 @@ def dead_judge(groups: Sequence[GroupScore], k: int = DEAD_JUDGE_GROUPS) -> str 
     recent = list(groups)[-k:]
     if len(recent) < k or not all(every_call_failed(g) for g in recent):
         return None
+    calls = sum(len(g.judge_failures) for g in recent)
+    return (f"the judge failed every call of the last {k} groups ({calls} requests, none answered): "
+            f"{_named(recent)}. {_CHECK}")
+
+
+_CHECK = "Check that the judge server is running and reachable (draco-gym train --check probes it)"
+
+
+def _named(groups: Sequence[GroupScore]) -> str:
+    """Each server of the groups' failures with its latest two distinct errors, newest first."""
     errors: dict[str, list[str]] = {}
-    for failure in reversed([f for g in recent for f in g.judge_failures]):
+    for failure in reversed([f for g in groups for f in g.judge_failures]):
         seen = errors.setdefault(failure.server, [])
         if failure.error not in seen and len(seen) < 2:
             seen.append(failure.error)
-    calls = sum(len(g.judge_failures) for g in recent)
-    named = "; ".join(f"{server}: {' | '.join(found)}" for server, found in errors.items())
-    return (f"the judge failed every call of the last {k} groups ({calls} requests, none answered): {named}. "
-            "Check that the judge server is running and reachable (draco-gym train --check probes it)")
+    return "; ".join(f"{server}: {' | '.join(found)}" for server, found in errors.items())
 
 
 async def aprobe_judge(judge: Any, *, timeout_s: float = 60.0) -> None:

@@ -280,7 +280,12 @@ class OpenAIJudge:
         if not self.stream:
             # The client's generic post: its timeouts and error types, without re-walking
             # every message through the typed-parameter transform (~8 ms a call).
-            response = await client.post("/chat/completions", body=body, cast_to=ChatCompletion)
+            try:
+                response = await client.post("/chat/completions", body=body, cast_to=ChatCompletion)
+            except json.JSONDecodeError as exc:  # a JSON content type over a body that is not JSON
+                raise JudgeUnavailable(_not_an_answer(self.server, "application/json", exc.doc, "JSON")) from None
+            if isinstance(response, str):  # a body of another content type comes back as its text
+                raise JudgeUnavailable(_not_an_answer(self.server, "", response, "JSON"))
             if not response.choices:
                 raise JudgeUnavailable(f"{self.server} returned no choices")
             usage = response.usage
@@ -288,6 +293,13 @@ class OpenAIJudge:
                               getattr(usage, "prompt_tokens", 0) or 0, getattr(usage, "completion_tokens", 0) or 0)
         stream = await client.post("/chat/completions", body=body, cast_to=ChatCompletion, stream=True,
                                    stream_cls=AsyncStream[ChatCompletionChunk])
+        content_type = stream.response.headers.get("content-type", "")
+        if "event-stream" not in content_type:  # read as events, any other body is no answer at all
+            try:
+                text = (await stream.response.aread())[:4096].decode("utf-8", "replace")
+            finally:
+                await stream.close()
+            raise JudgeUnavailable(_not_an_answer(self.server, content_type, text, "an event stream"))
         parts: list[str] = []
         pieces = prompt_tokens = completion_tokens = 0
         try:
@@ -303,6 +315,15 @@ class OpenAIJudge:
             await stream.close()  # on cancellation too: the closed connection stops the server
         # a server that reports no usage while streaming sends about one token per piece
         return JudgeReply("".join(parts), prompt_tokens, completion_tokens or pieces)
+
+
+def _not_an_answer(server: str, content_type: str, text: str, expected: str) -> str:
+    """What a 200 whose body is not a chat completion was: an HTML page (a proxy's error page,
+    a login wall) named as such, else a body that is not ``expected``; with its start."""
+    head = text.lstrip()[:200]
+    kind = "an HTML page" if head.lower().startswith(("<!doctype html", "<html")) else f"a body that is not {expected}"
+    return (f"{server} answered {kind} (status 200{f', content type {content_type}' if content_type else ''}), "
+            f"not a chat completion: {head[:120]!r}")
 
 
 def _refuses_format(message: str, request: dict[str, Any]) -> bool:

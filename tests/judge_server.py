@@ -6,7 +6,9 @@ judge), adds a configurable latency per call, and injects faults on demand:
 
     transport  rate_limit (429 + Retry-After), server_error (500), hang (no answer until
                the client gives up), slow (answers after ``slow_s``), stream_error (a
-               streamed answer broken off by vLLM's error event for a failed generation)
+               streamed answer broken off by vLLM's error event for a failed generation),
+               html (status 200 with a proxy's HTML error page, streamed or not),
+               html_as_json (the same page labelled application/json)
     content    malformed_json, missing_fields, steps_out_of_range, pass_without_citation,
                unknown_title
 
@@ -46,9 +48,13 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-TRANSPORT_FAULTS = ("rate_limit", "server_error", "hang", "slow", "stream_error")
+TRANSPORT_FAULTS = ("rate_limit", "server_error", "hang", "slow", "stream_error", "html", "html_as_json")
 CONTENT_FAULTS = ("malformed_json", "missing_fields", "steps_out_of_range", "pass_without_citation", "unknown_title")
 FAULTS = TRANSPORT_FAULTS + CONTENT_FAULTS
+
+HTML_PAGE = ("<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1>"
+             "</center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n")
+"""What the ``html`` fault answers: nginx's page for an upstream that is down."""
 
 _STAGE_LINE = re.compile(r"^Stage (\w+):", re.MULTILINE)
 _STEPS = re.compile(r'<trajectory[^>]* steps="(\d+)"')
@@ -444,10 +450,13 @@ class JudgeServer:
             return record
 
     def _send(self, handler: BaseHTTPRequestHandler, status: int, payload: dict, headers: dict | None = None) -> None:
-        body = json.dumps(payload).encode()
+        self._send_raw(handler, status, json.dumps(payload).encode(), "application/json", headers)
+
+    def _send_raw(self, handler: BaseHTTPRequestHandler, status: int, body: bytes, content_type: str,
+                  headers: dict | None = None) -> None:
         try:
             handler.send_response(status)
-            handler.send_header("Content-Type", "application/json")
+            handler.send_header("Content-Type", content_type)
             handler.send_header("Content-Length", str(len(body)))
             for k, v in (headers or {}).items():
                 handler.send_header(k, v)
@@ -558,6 +567,12 @@ class JudgeServer:
             return self._send(handler, 504, self._error("hung", "server_error"))
         if fault == "slow":
             time.sleep(self.slow_s)
+        if fault == "html":  # a proxy in front of a judge that is down: its error page, with a 200
+            self._record(request, fault, 200)
+            return self._send_raw(handler, 200, HTML_PAGE.encode(), "text/html; charset=utf-8")
+        if fault == "html_as_json":  # the same page under a JSON content type (a misconfigured proxy)
+            self._record(request, fault, 200)
+            return self._send_raw(handler, 200, HTML_PAGE.encode(), "application/json")
         if fault == "stream_error" and not body.get("stream"):
             self._record(request, fault, 500)  # unstreamed, vLLM answers a failed generation with a 500
             return self._send(handler, 500, vllm_error("Internal server error", "InternalServerError", 500))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from draco_gym.reward import OutcomeReward, RuleRubricReward, WeightedReward, build_reward
-from draco_gym.reward.judge_health import dead_judge, every_call_failed, probe_judge
+from draco_gym.reward.judge_health import dead_judge, every_call_failed, judge_down, probe_judge
 from draco_gym.reward.judge_protocol import JudgeUnavailable
 from draco_gym.reward.judges import OpenAIJudge
 from draco_gym.types import GroupScore, JudgeFailure, Step, Task, Trajectory
@@ -34,8 +34,9 @@ def closed_port_url() -> str:
     return f"http://127.0.0.1:{port}/v1"
 
 
-def dynamic(base_url: str):
-    judge = OpenAIJudge("test-judge", base_url=base_url, api_key="sk-test", max_retries=0, request_timeout_s=10)
+def dynamic(base_url: str, stream: bool = True):
+    judge = OpenAIJudge("test-judge", base_url=base_url, api_key="sk-test", max_retries=0, request_timeout_s=10,
+                        stream=stream)
     return build_reward("dynamic", judge=judge, mode="fused", retries=0, max_repairs=1, retry_wait_s=0.01)
 
 
@@ -107,3 +108,79 @@ def test_probe_names_the_url_and_the_error():
         probe_judge(OpenAIJudge("m", base_url=server.base_url, api_key="sk-test"))
         (probe,) = server.requests
     assert probe.stage == "probe" and probe.status == 200
+
+
+def test_the_first_iteration_without_a_judge_answer_names_the_judge():
+    """One group per iteration, the judge on a closed port: ``judge_down`` names the URL and
+    the error from the first iteration on, whatever ``dead_judge_groups`` is."""
+    url = closed_port_url()
+    [down] = [dynamic(url).score_group(TASK, GROUP)]
+    line = judge_down([down])
+    assert line.startswith("the judge failed every call of this iteration (6 requests, none answered): ")
+    assert f"{url}: judge unavailable after 1 attempts: {url}: APIConnectionError: Connection error." in line
+    assert "\n" not in line
+    assert dead_judge([down], k=3) is None  # the stop still waits for k groups
+    with JudgeServer(RuleJudge(["Submits the right total"], lambda title, text: "submit(3)" in text)) as server:
+        alive = dynamic(server.base_url).score_group(TASK, GROUP)
+    assert judge_down([down, alive]) is None  # one group of the iteration got answers
+    judge_free = RuleRubricReward().score_group(TASK, GROUP)
+    assert judge_down([judge_free]) is None  # no judge asked
+    assert judge_down([down, judge_free]) == line  # the groups that asked one got nothing
+
+
+@pytest.mark.parametrize("stream,fault,named", [
+    (True, "html", "(status 200, content type text/html; charset=utf-8)"),
+    (False, "html", "(status 200)"),
+    (True, "html_as_json", "(status 200, content type application/json)"),
+    (False, "html_as_json", "(status 200, content type application/json)")])
+def test_a_judge_answering_an_html_page_is_named_as_such(stream, fault, named):
+    """A proxy's error page with status 200 in place of a chat completion, labelled HTML or
+    JSON, streamed or not: each failure says the server answered an HTML page, not that the
+    answer was empty."""
+    with JudgeServer(RuleJudge(["Submits the right total"], lambda title, text: "submit(3)" in text)) as server:
+        server.inject(fault, times=100)
+        score = dynamic(server.base_url, stream=stream).score_group(TASK, GROUP)
+    assert every_call_failed(score)
+    for failure in score.judge_failures:
+        assert f"{server.base_url} answered an HTML page {named}, not a chat completion" in failure.error
+        assert "502 Bad Gateway" in failure.error and "empty" not in failure.error
+    assert "answered an HTML page" in judge_down([score])
+
+
+def test_the_trainer_names_a_down_judge_once_per_streak_and_the_console_prints_it(caplog):
+    """``GRPO._stop_on_dead_judge`` with one group per iteration and ``dead_judge_groups``
+    = 3: the first iteration without an answer puts one line in the iteration's notes (and
+    the log), the next ones of the same streak add none, the third stops the run; a judge
+    that answers again ends the streak. ``ProgressCallback`` prints the notes under the
+    progress line (the trial's own log does not reach the console)."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from draco_gym.algos.rllib.grpo import GRPO
+    from draco_gym.algos.rllib.reporting import NOTE_KEY
+    from draco_gym.algos.rllib.runs import ProgressCallback
+    from draco_gym.reward.judge_health import DeadJudge
+    from draco_gym.types import RolloutGroup
+
+    url = closed_port_url()
+    down = RolloutGroup(task_id=TASK.id, trajectories=GROUP, score=dynamic(url).score_group(TASK, GROUP))
+    up = down.with_score(RuleRubricReward().score_group(TASK, GROUP).model_copy(update={"judge_answers": 1}))
+    algo = SimpleNamespace(config=SimpleNamespace(run=SimpleNamespace(reward=SimpleNamespace(dead_judge_groups=3))),
+                           _judged=deque(maxlen=3), _judge_down_named=False, _notes=[], iteration=0)
+    notes = []
+    for iteration, group in enumerate([down, down, up, down, down]):
+        algo.iteration, algo._notes = iteration, []
+        GRPO._stop_on_dead_judge(algo, [group])
+        notes.append(algo._notes)
+    assert [len(n) for n in notes] == [1, 0, 0, 1, 0]
+    assert notes[0] == [f"warning: {judge_down([down.score])}"] and url in notes[0][0]
+    assert notes[3] == notes[0]
+    logged = [r.getMessage() for r in caplog.records if "the judge failed every call" in r.getMessage()]
+    assert [line.split(":")[0] for line in logged] == ["iteration 1", "iteration 4"]  # as the progress line counts
+    with pytest.raises(DeadJudge, match="the last 3 groups"):
+        GRPO._stop_on_dead_judge(algo, [down])
+
+    printed = []
+    callback = ProgressCallback(Path("/nonexistent"), total_iterations=5, echo=printed.append)
+    callback.on_trial_result(0, [], SimpleNamespace(), {"training_iteration": 1, NOTE_KEY: notes[0][0]})
+    assert printed[1:] == [notes[0][0]]

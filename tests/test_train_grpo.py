@@ -157,9 +157,13 @@ def test_a_dead_judge_stops_the_run_naming_its_url(ray_session, tiny_model, tmp_
         reward_options={"judge": judge, "mode": "fused", "retries": 0, "max_repairs": 1, "retry_wait_s": 0.01},
     ).build_algo()
     try:
-        # 2 groups per iteration: the second iteration stops
+        # 2 groups per iteration: the first names the judge on the console, the second stops
+        from draco_gym.algos.rllib.reporting import NOTE_KEY
+
         result = algo.train()
         assert result["judge"]["failed_requests"] > 0
+        assert result[NOTE_KEY].startswith("warning: the judge failed every call of this iteration")
+        assert url in result[NOTE_KEY] and "\n" not in result[NOTE_KEY]
         with pytest.raises(Exception, match="the judge failed every call of the last 3 groups") as stopped:
             algo.train()
         assert url in str(stopped.value)

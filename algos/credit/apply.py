@@ -3,9 +3,17 @@
 Per group: A_i = group-normalised reward (``group_advantages``), per-step credit by the rule,
 then each step's advantage spread over that step's tokens (gap tokens 0; the tokens of a turn
 without code carry its number and get what the rule's step boundary gave it, see
-``registry.py``). This module adds no values of its own: every number it applies is the
-rule's, and whose each one is (paper, reference implementation or ours) is stated in the
-rule's module (``core.py``, ``trace.py``, ``prover.py``, ``trca.py``).
+``registry.py``).
+
+An episode that ended in ``env_error`` (a sandbox that crashed, a world that timed out, a
+protocol breach) failed for the infrastructure, not for the policy: it is left out of its
+group's mean and std, out of the rule's view of the group and out of the loss (advantage 0,
+``left_out``). A group left with fewer than two episodes by that has no baseline and is
+skipped whole (ours: GRPO's statistics assume every episode is the policy's).
+
+This module adds no values of its own: every number it applies is the rule's, and whose
+each one is (paper, reference implementation or ours) is stated in the rule's module
+(``core.py``, ``trace.py``, ``prover.py``, ``trca.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +24,8 @@ from dataclasses import dataclass
 
 from draco_gym.algos.credit.core import group_advantages, token_advantages
 from draco_gym.algos.credit.core import CreditRule
-from draco_gym.types import RolloutGroup, Trajectory, TrajectoryScore
+from draco_gym.metrics import learned_episodes
+from draco_gym.types import GroupScore, RolloutGroup, Termination, Trajectory, TrajectoryScore
 
 
 @dataclass
@@ -45,6 +54,11 @@ class CreditedBatch:
     ``step_advantage_spread``  the mean, over trajectories of two steps or more, of the
                                population std of their a_j
     ``step_advantage_abs_mean`` the mean |a_j| over all steps
+
+    ``left_out[i]``: trajectory i takes no part in the loss nor in the measures above (it
+    ended in ``env_error``, or its group was skipped); its advantages are 0. ``env_errors``
+    counts the ``env_error`` episodes, ``skipped_groups`` the groups they left with fewer than
+    two others.
     """
 
     trajectories: list[Trajectory]
@@ -58,6 +72,14 @@ class CreditedBatch:
     changed_token_share: float
     step_advantage_spread: float
     step_advantage_abs_mean: float
+    left_out: list[bool]
+    env_errors: int
+    skipped_groups: int
+
+    def learned(self) -> tuple[list[Trajectory], list[list[float]]]:
+        """The trajectories the loss is taken over, with their token advantages."""
+        keep = [i for i, out in enumerate(self.left_out) if not out]
+        return [self.trajectories[i] for i in keep], [self.token_advantages[i] for i in keep]
 
     def metrics(self) -> dict[str, float]:
         """The measures under the names both trainers log them (``credit/...``)."""
@@ -108,8 +130,8 @@ def apply_credit(groups: Sequence[RolloutGroup], rule: CreditRule,
     the group-normalised rewards (``group_advantages``)."""
     if advantages is not None and len(advantages) != len(groups):
         raise ValueError(f"{len(advantages)} rows of advantages for {len(groups)} groups")
-    trajectories, per_group, step_adv, token_adv, bases = [], [], [], [], []
-    inert_count = nonzero = agreeing = uncredited = changed = tokens = 0
+    trajectories, per_group, step_adv, token_adv, bases, left_out = [], [], [], [], [], []
+    inert_count = nonzero = agreeing = uncredited = changed = tokens = env_errors = skipped = 0
     spreads: list[float] = []
     count_uncredited = getattr(rule, "uncredited_citations", None)
     rule_base = getattr(rule, "base_advantages", None)
@@ -117,19 +139,36 @@ def apply_credit(groups: Sequence[RolloutGroup], rule: CreditRule,
         trajs, score = group.trajectories, group.score
         if score is None:
             raise ValueError(f"group of task {group.task_id!r} is not scored: credit needs its verdicts")
-        group_adv = group_advantages(score.rewards) if advantages is None else [float(a) for a in advantages[k]]
-        per_group.append(group_adv)
+        kept = learned_episodes(traj.termination for traj in trajs)
+        failed = sum(traj.termination == Termination.ENV_ERROR for traj in trajs)
+        env_errors += failed
+        skipped += failed > 0 and not kept  # env errors left no baseline: nothing to compare with
+        view = [trajs[i] for i in kept]
+        view_score = score if len(kept) == len(trajs) else _scores_of(score, kept)
+        view_adv = (group_advantages(view_score.rewards) if advantages is None
+                    else [float(advantages[k][i]) for i in kept])
+        group_adv = [0.0] * len(trajs)
+        credit: list[list[float]] = [[0.0] * len(traj.steps) for traj in trajs]
+        group_bases = [0.0] * len(trajs)
         scores = list(score.scores) or [None] * len(trajs)
         agreeing += sum(unanimous(s) for s in scores)
-        if count_uncredited is not None:
-            uncredited += count_uncredited(trajs, score)
-        credited = rule(trajs, score, group_adv)
-        group_bases = rule_base(trajs, score, group_adv) if rule_base is not None else group_adv
-        for traj, base, a_steps in zip(trajs, group_bases, credited):
+        if view:
+            if count_uncredited is not None:
+                uncredited += count_uncredited(view, view_score)
+            credited = rule(view, view_score, view_adv)
+            view_bases = rule_base(view, view_score, view_adv) if rule_base is not None else view_adv
+            for i, a_i, base, a_steps in zip(kept, view_adv, view_bases, credited):
+                group_adv[i], group_bases[i], credit[i] = a_i, base, a_steps
+        per_group.append(group_adv)
+        in_loss = set(kept)
+        for i, (traj, base, a_steps) in enumerate(zip(trajs, group_bases, credit)):
             trajectories.append(traj)
             step_adv.append(a_steps)
             bases.append(base)
             token_adv.append(token_advantages(a_steps, traj.token_step))
+            left_out.append(i not in in_loss)
+            if i not in in_loss:  # no part in the loss: none in the measures of what credit did
+                continue
             if base != 0:
                 nonzero += 1
                 inert_count += inert(traj, base, a_steps)
@@ -137,7 +176,7 @@ def apply_credit(groups: Sequence[RolloutGroup], rule: CreditRule,
             changed, tokens = changed + moved, tokens + n
             if len(a_steps) > 1:
                 spreads.append(spread(a_steps))
-    magnitudes = [abs(a) for a_steps in step_adv for a in a_steps]
+    magnitudes = [abs(a) for a_steps, out in zip(step_adv, left_out) if not out for a in a_steps]
     return CreditedBatch(
         trajectories, per_group, step_adv, token_adv, bases,
         inert_credit_share=inert_count / nonzero if nonzero else 0.0,
@@ -145,4 +184,10 @@ def apply_credit(groups: Sequence[RolloutGroup], rule: CreditRule,
         uncredited_citations=uncredited,
         changed_token_share=changed / tokens if tokens else 0.0,
         step_advantage_spread=sum(spreads) / len(spreads) if spreads else 0.0,
-        step_advantage_abs_mean=sum(magnitudes) / len(magnitudes) if magnitudes else 0.0)
+        step_advantage_abs_mean=sum(magnitudes) / len(magnitudes) if magnitudes else 0.0,
+        left_out=left_out, env_errors=env_errors, skipped_groups=skipped)
+
+
+def _scores_of(score: GroupScore, kept: Sequence[int]) -> GroupScore:
+    """The group's score as seen by the episodes ``kept`` (their verdicts, the group's rubric)."""
+    return score.model_copy(update={"scores": [score.scores[i] for i in kept]})

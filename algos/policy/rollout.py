@@ -89,11 +89,12 @@ def run_episodes(episodes: Sequence[Episode], sampler: Sampler, chat: ChatFormat
     Per turn: one batched sampling call over all live episodes, then each environment steps
     on its decoded message. A sampler with ``session`` (``TorchSampler``) keeps the live
     episodes' KV cache across turns, so each token is encoded once. An environment that
-    raises ends its episode as ``env_error`` (recorded in ``metrics["env_exception"]``),
-    never the whole batch. ``stats``, when given, accumulates ``sampling_s`` and
-    ``sampled_tokens``. ``on_done(i)``, when given, is called once for each episode, with
-    its index, in the turn it ends (``streaming.GroupWatch``: a group whose episodes have
-    all ended goes to the judge while the others keep sampling).
+    raises, or whose observation the tokenizer refuses, ends its episode as ``env_error``
+    (recorded in ``metrics["env_exception"]``), never the whole batch. ``stats``, when
+    given, accumulates ``sampling_s`` and ``sampled_tokens``. ``on_done(i)``, when given,
+    is called once for each episode, with its index, in the turn it ends
+    (``streaming.GroupWatch``: a group whose episodes have all ended goes to the judge while
+    the others keep sampling).
     """
     stats = stats if stats is not None else {}
     stats.setdefault("sampling_s", 0.0)
@@ -155,14 +156,14 @@ def _advance(ep: Episode, sample, chat: ChatFormat, limits: EpisodeLimits) -> li
     ep.step_tokens.append(len(sample.token_ids))
     try:
         observation, _, terminated, truncated, _ = ep.env.step(chat.decode(sample.token_ids))
-    except Exception as exc:  # noqa: BLE001 - one broken environment must not sink the batch
+        gap = None if terminated or truncated else chat.observation_ids(observation, sample.ended_with_eos)
+    except Exception as exc:  # noqa: BLE001 - one broken environment (or observation) must not sink the batch
         ep.error = f"{type(exc).__name__}: {exc}"
         _finish(ep, Termination.ENV_ERROR)
         return []
-    if terminated or truncated:
+    if gap is None:
         _finish(ep, None)
         return []
-    gap = chat.observation_ids(observation, sample.ended_with_eos)
     ep.tokens += gap
     ep.token_step += [GAP] * len(gap)
     ep.logprobs += [0.0] * len(gap)

@@ -60,10 +60,10 @@ from draco_gym.algos.rllib.env_runner import RESTORED, LLMEnvRunner, env_source
 from draco_gym.algos.rllib.learner import GRPOTorchLearner
 from draco_gym.algos.policy.models import adapter_base, check_adapter_base, model_location, resolve_model
 from draco_gym.algos.rllib.module import HFPolicyModule
-from draco_gym.algos.rllib.reporting import (OUTCOME, PHASES, MetricsLog, RolloutLog, compact, iteration_metrics,
-                                            reward_hacking_warning, run_alarms)
+from draco_gym.algos.rllib.reporting import (NOTE_KEY, OUTCOME, PHASES, MetricsLog, RolloutLog, compact,
+                                            iteration_metrics, reward_hacking_warning, run_alarms)
 from draco_gym.metrics import reward_outcome_divergence
-from draco_gym.reward.judge_health import DeadJudge, dead_judge
+from draco_gym.reward.judge_health import DeadJudge, dead_judge, judge_down
 from draco_gym.types import RolloutGroup
 
 logger = logging.getLogger(__name__)
@@ -342,6 +342,8 @@ class GRPO(Algorithm):
         self._divergence_warned = False
         self._rows: list[dict[str, Any]] = []  # compact results, per iteration (the collapse alarm's)
         self._collapse_warned = False
+        self._judge_down_named = False  # the current streak of iterations without a judge answer is named
+        self._notes: list[str] = []  # the iteration's console lines (NOTE_KEY)
         self._tune_checkpoint: Path | None = None
         self._sampler_version: int | None = None  # updates in the env runners' weights (None: the learner's)
         self._ahead: tuple[int, tuple[int, ...], int] | None = None  # (iteration, runners, version) drawing ahead
@@ -358,8 +360,12 @@ class GRPO(Algorithm):
     def train(self) -> dict:
         """RLlib's ``train``; with an ``output_dir``, each result also goes to
         ``OUTPUT_DIR/metrics.jsonl`` and the plots, whoever calls it (a script, Tune,
-        ``draco-gym train``)."""
+        ``draco-gym train``). ``result[NOTE_KEY]`` holds the iteration's console lines (a
+        judge that answered nothing), which ``draco-gym train`` prints under the progress line:
+        the algorithm runs in a Tune actor whose own output does not reach the console."""
+        self._notes = []
         result = super().train()
+        result[NOTE_KEY] = "\n".join(self._notes)
         if self.metrics_log is not None:
             self.metrics_log.add(result)
         self._watch_for_collapse(result)
@@ -455,7 +461,14 @@ class GRPO(Algorithm):
     def _stop_on_dead_judge(self, groups: list[RolloutGroup]) -> None:
         """A judge that answers nothing would zero every reward in silence (the policy then
         learns nothing, or learns from the fallback): the run stops, naming the server, when
-        each of the last ``reward.dead_judge_groups`` groups had every judge request fail."""
+        each of the last ``reward.dead_judge_groups`` groups had every judge request fail.
+        Before that, the first iteration in which every judge call failed names the judge at
+        once, in one console line (``judge_health.judge_down``), however many groups ``k`` is."""
+        down = judge_down([group.score for group in groups])
+        if down is not None and not self._judge_down_named:
+            logger.warning("iteration %d: %s", self.iteration + 1, down)  # Tune's training_iteration
+            self._notes.append(f"warning: {down}")  # printed under the iteration's progress line
+        self._judge_down_named = down is not None
         self._judged.extend(group.score for group in groups)
         message = dead_judge(list(self._judged), k=self.config.run.reward.dead_judge_groups)
         if message is not None:
@@ -560,9 +573,13 @@ class GRPO(Algorithm):
         return options
 
     def update(self, batch: CreditedBatch) -> None:
-        """One learner step per minibatch of trajectories, ``num_epochs`` times."""
+        """One learner step per minibatch of trajectories, ``num_epochs`` times, over the
+        trajectories the loss takes (``CreditedBatch.learned``: no ``env_error`` episode)."""
         optim = self.config.run.optim
-        arrays = token_batch(batch.trajectories, batch.token_advantages, pad_id=0)
+        trajectories, advantages = batch.learned()
+        if not trajectories:  # every group was skipped: nothing to learn from this iteration
+            return
+        arrays = token_batch(trajectories, advantages, pad_id=0)
         # (one_step: the drawing policy is an update behind the learner; only the sampler has its log-probs)
         default = self.config.run.policy.sampler == "vllm" and self.config.run.rollout.pipeline == "off"
         if optim.recompute_old_logprobs or (optim.recompute_old_logprobs is None and default):
@@ -572,7 +589,7 @@ class GRPO(Algorithm):
             learner_logp = first.get() if hasattr(first, "get") else first
             self._log_sampler_agreement(arrays, learner_logp)
             arrays["old_logp"] = learner_logp
-        n = len(batch.trajectories)
+        n = len(trajectories)
         size = self.config.minibatch_size or n
         n_learners = len(self.learner_group)  # 0: the local learner
         results = []

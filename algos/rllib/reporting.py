@@ -29,6 +29,9 @@ from draco_gym.types import RolloutGroup, RolloutRecord
 PHASES = ("generation", "env", "judge", "credit", "learner", "sync")
 OUTCOME = "success"
 """The environment's own evaluation the reward is checked against (``Trajectory.metrics``)."""
+NOTE_KEY = "note"
+"""The result key (top level, a string: lines, empty when none) of what an iteration has to
+say on the console beside its progress line (a judge that answered nothing)."""
 
 
 
@@ -90,8 +93,13 @@ def iteration_metrics(groups: Sequence[RolloutGroup], batch, timers: dict[str, f
         # what the credit did (credit/apply.py's measures: both inert shares, uncredited
         # citations, changed tokens, the spread and size of a_j)
         **batch.metrics(),
-        # groups whose rewards differ: with none, every advantage is 0 and nothing is learned
-        "credit/groups_with_spread": sum(float(np.std(g.score.rewards)) > 1e-12 for g in groups),
+        # episodes the infrastructure failed (left out of their group's statistics and the
+        # loss), and the groups they left without a baseline (skipped)
+        "env_runners/env_errors": batch.env_errors,
+        "credit/groups_skipped": batch.skipped_groups,
+        # groups whose rewards differ (env_error episodes aside): with none, every advantage is 0
+        # and nothing is learned
+        "credit/groups_with_spread": sum(any(a != 0 for a in advantages) for advantages in batch.group_advantages),
         **{f"timers/phases/{phase}": seconds for phase, seconds in timers.items()},
         "timers/phases/other": max(total_s - sum(timers.values()), 0.0),
     }

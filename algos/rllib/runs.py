@@ -21,14 +21,15 @@ from ray import tune
 from draco_gym.algos.config import ConfigError, RunConfig
 from draco_gym.algos.policy.models import BaseModelMismatch, base_for_adapter, resolve_model
 from draco_gym.algos.rllib.grpo import ADAPTER_DIR, GRPOConfig
-from draco_gym.algos.rllib.reporting import compact, print_line, progress_line, run_alarms, tracker_callbacks
+from draco_gym.algos.rllib.reporting import NOTE_KEY, compact, print_line, progress_line, run_alarms, tracker_callbacks
 from draco_gym.algos.rllib.session import start_ray
 
 
 class ProgressCallback(tune.Callback):
-    """One progress line per result, and the run's plots copied into the trial folder, where a
-    tracker that uploads it finds them. The trial itself writes ``metrics.jsonl`` and the
-    plots (``GRPO.train``); ``rows`` keeps the lines' rows for the command's closing notes."""
+    """One progress line per result, the iteration's notes under it (``NOTE_KEY``), and the
+    run's plots copied into the trial folder, where a tracker that uploads it finds them. The
+    trial itself writes ``metrics.jsonl`` and the plots (``GRPO.train``); ``rows`` keeps the
+    lines' rows for the command's closing notes."""
 
     def __init__(self, output_dir: str | Path, total_iterations: int | None = None, echo=print_line) -> None:
         self.plots = Path(output_dir) / "plots"
@@ -47,6 +48,8 @@ class ProgressCallback(tune.Callback):
                 if name not in self.warned:
                     self.warned.add(name)
                     self.echo(f"warning: {warning}")
+            for line in (result.get(NOTE_KEY) or "").splitlines():  # e.g. a judge that answered nothing
+                self.echo(line)
         target = getattr(trial, "local_path", None)
         if target is not None and self.plots.is_dir():
             (Path(target) / "plots").mkdir(parents=True, exist_ok=True)

@@ -49,6 +49,7 @@ import weakref
 from pathlib import Path
 
 from draco_gym.envs import os_sandbox
+from draco_gym.text import MAX_DEPTH, nesting_depth
 from draco_gym.envs.appworld.runtime import AppWorldRuntime
 
 ENGINE_SCRIPT = Path(__file__).with_name("engine_server.py")
@@ -572,6 +573,10 @@ class EnvServer:
         if len(calls) >= MAX_CALLS_PER_STEP:
             text = json.dumps({"message": f"Number of requests exceeded the limit of {MAX_CALLS_PER_STEP}."})
             return {"status_code": 429, "text": text}
+        if nesting_depth(api["kwargs"]) > MAX_DEPTH:  # refused before json.dumps recurses into it
+            calls.append({"name": api["url"][:200], "ok": False, "status": 422})
+            text = json.dumps({"message": f"The arguments nest deeper than {MAX_DEPTH} levels."})
+            return {"status_code": 422, "text": text}
         try:
             answer = self.world.request("POST", "/api", {"method": api.get("method"), "url": api["url"],
                                                          "kwargs": api["kwargs"]}, timeout_s=60.0)
