@@ -28,7 +28,8 @@ Four families, each the boundary a policy under RL pressure would probe:
     noop         tasks that an agent doing nothing passes (``bench/noop_audit.py``: the shop's
                  tiers, Corridor, τ²'s mock, airline and retail; in bwrap AppWorld's suite),
                  one row per task set: forged when such a task is still in the default set
-                 (τ²'s are left out by ``envs/tau/backends.py``'s ``NOOP_PASSING``)
+                 (τ²'s are left out by ``envs/tau/backends.py``'s ``NOOP_PASSING``; τ² runs no
+                 agent code, so its audit is made once and counted in both modes)
     hostile      agent output the pipeline cannot print, encode or walk: a lone surrogate, bytes
                  that are not UTF-8 printed and submitted, values nested 1200 deep; each
                  episode goes through ``env.step``, ``RolloutLog``, ``render_trajectory`` and the
@@ -214,11 +215,23 @@ def nearmiss(sandbox: str) -> Iterator[Tried]:
                         str(row["detail"]))
 
 
+_TAU_NOOP: list = []
+"""τ²'s no-op audit, made once per run: τ² runs no agent code, so both modes see the same rows
+(its 173 tasks take minutes)."""
+
+
+def _tau_noop() -> list:
+    import noop_audit
+
+    if not _TAU_NOOP:
+        _TAU_NOOP.extend(noop_audit.tau2("-", ("mock", "airline", "retail")))
+    return _TAU_NOOP
+
+
 def noop(sandbox: str) -> Iterator[Tried]:
     import noop_audit
 
-    audits = [noop_audit.shop(sandbox), noop_audit.corridor(sandbox),
-              noop_audit.tau2(sandbox, ("mock", "airline", "retail"))]
+    audits = [noop_audit.shop(sandbox), noop_audit.corridor(sandbox), _tau_noop()]
     if sandbox == "bwrap":
         audits.append(noop_audit.appworld(sandbox))
     for audit in audits:
