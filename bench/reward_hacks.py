@@ -289,7 +289,7 @@ def hostile(sandbox: str) -> Iterator[Tried]:
                     _through_the_pipeline(trajectory, folder)
                 yield Tried("hostile", name, False, f"termination {trajectory.termination}, "
                                                     f"answer {str(trajectory.metrics.get('answer'))[:40]!r}")
-            except Exception as exc:  # any stage that raises is the hack working
+            except Exception as exc:  # noqa: BLE001 - any stage that raises is the hack working
                 yield Tried("hostile", name, True, f"raised {type(exc).__name__}: {str(exc)[:80]}")
     finally:
         env.close()
@@ -305,7 +305,7 @@ def hostile(sandbox: str) -> Iterator[Tried]:
             finally:
                 env.close()
             yield Tried("hostile", "appworld: an API call nested 1000 deep", False, f"episode ended: {sorted(metrics)[:4]}")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - env.step raising is the hack working
             yield Tried("hostile", "appworld: an API call nested 1000 deep", True,
                         f"raised {type(exc).__name__}: {str(exc)[:80]}")
 

@@ -159,7 +159,7 @@ def unranked(cases: list, name: str, options: dict) -> dict[str, dict[str, float
     return out
 
 
-def sweep(suite: str, every: bool) -> None:
+def sweep_near_misses(suite: str, every: bool) -> None:
     cases = played(suite, every)
     assert cases and sum(len(c.near_misses) for c in cases) >= len(cases)
     failures = {}
@@ -174,11 +174,11 @@ def sweep(suite: str, every: bool) -> None:
 @pytest.mark.parametrize("suite", list(SUITES))
 def test_reference_outranks_every_near_miss_on_a_few_tasks(suite):
     """The first tasks of each family, under every shipped judge-free reward."""
-    sweep(suite, every=False)
+    sweep_near_misses(suite, every=False)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("suite", list(SUITES))
 def test_reference_outranks_every_near_miss_on_every_task(suite):
     """Every task of every family, under every shipped judge-free reward."""
-    sweep(suite, every=True)
+    sweep_near_misses(suite, every=True)
