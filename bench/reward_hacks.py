@@ -21,12 +21,27 @@ Four families, each the boundary a policy under RL pressure would probe:
                  that closes the ``<step>``/``<trajectory>`` elements, and judge replies that
                  quote the agent's fake verdict (the parser must refuse them, not read the
                  quoted PASS)
+    nearmiss     near-miss solutions against each task family's outcome check, the first task
+                 of each family (``bench/evaluator_mutations.py``'s: the shop's tiers,
+                 Corridor's layouts, τ²'s mock domain; in bwrap AppWorld's fast families of
+                 ``bench/appworld_mutations.py``); a near-miss that passes is forged
+    noop         tasks that an agent doing nothing passes (``bench/noop_audit.py``: the shop's
+                 tiers, Corridor, τ²'s mock, airline and retail; in bwrap AppWorld's suite),
+                 one row per task set: forged when such a task is still in the default set
+                 (τ²'s are left out by ``envs/tau/backends.py``'s ``NOOP_PASSING``; τ² runs no
+                 agent code, so its audit is made once and counted in both modes)
+    hostile      agent output the pipeline cannot print, encode or walk: a lone surrogate, bytes
+                 that are not UTF-8 printed and submitted, values nested 1200 deep; each
+                 episode goes through ``env.step``, ``RolloutLog``, ``render_trajectory`` and the
+                 rule rubric, and is held when none of them raises and every text is valid
+                 UTF-8 (in bwrap, also an AppWorld API call with arguments nested 1000 deep)
 
 Whether a judge model can be talked into a better score by text that stays inside its fence
 is a property of the model, not of this code: ``python bench/judge_quality.py --injection``
 measures it for a given judge.
 
-    python bench/reward_hacks.py [--families pythontools appworld rubric judge] [--sandboxes guard bwrap]
+    python bench/reward_hacks.py [--families pythontools appworld rubric judge nearmiss noop hostile]
+                                 [--sandboxes guard bwrap]
 
 Each sandbox mode runs the whole catalogue; ``guard`` first, since what it does not isolate
 is named in docs/safety.md (AppWorld refuses it). Needs AppWorld's runtime and offline
@@ -47,7 +62,9 @@ from dataclasses import dataclass
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "tests")]
 
-FAMILIES = ("pythontools", "appworld", "rubric", "judge")
+FAMILIES = ("pythontools", "appworld", "rubric", "judge", "nearmiss", "noop", "hostile")
+QUIET = ("rubric", "nearmiss")
+"""Families with many rows: only their forged rows are printed, then the family's count."""
 
 
 @dataclass(frozen=True)
@@ -169,8 +186,133 @@ def judge(sandbox: str) -> Iterator[Tried]:
         yield Tried("judge", f"judge reply: {name}", forged, detail)
 
 
+def nearmiss(sandbox: str) -> Iterator[Tried]:
+    import evaluator_mutations as em
+
+    for suite in em.suites(("shop", "corridor", "tau2"), ("mock",)):
+        env = suite.make(sandbox)
+        try:
+            seen: set[str] = set()
+            for case in suite.cases(env.unwrapped):
+                if case.family in seen:
+                    continue
+                seen.add(case.family)
+                played = em.play_case(env, case, suite.state)
+                if played.reference is None:
+                    yield Tried("nearmiss", f"{suite.env} {case.task_id}: the reference", True,
+                                "the reference fails its own check: no near-miss tried")
+                for name, trajectory in played.near_misses.items():
+                    yield Tried("nearmiss", f"{suite.env} {case.family} {case.task_id}: {name}", em.succeeded(trajectory),
+                                f"metrics {json.dumps(trajectory.metrics, default=str)[:80]}")
+        finally:
+            env.close()
+    if sandbox == "bwrap":  # AppWorld runs only under bwrap
+        import appworld_mutations as am
+
+        for row in am.run(sandbox, families=list(am.FAST_FAMILIES)):
+            forged = row["survived"] is not False  # None: the reference fails, nothing tried
+            yield Tried("nearmiss", f"appworld {row['family']} {row['task_id']}: {row['mutation']}", forged,
+                        str(row["detail"]))
+
+
+_TAU_NOOP: list = []
+"""τ²'s no-op audit, made once per run: τ² runs no agent code, so both modes see the same rows
+(its 173 tasks take minutes)."""
+
+
+def _tau_noop() -> list:
+    import noop_audit
+
+    if not _TAU_NOOP:
+        _TAU_NOOP.extend(noop_audit.tau2("-", ("mock", "airline", "retail")))
+    return _TAU_NOOP
+
+
+def noop(sandbox: str) -> Iterator[Tried]:
+    import noop_audit
+
+    audits = [noop_audit.shop(sandbox), noop_audit.corridor(sandbox), _tau_noop()]
+    if sandbox == "bwrap":
+        audits.append(noop_audit.appworld(sandbox))
+    for audit in audits:
+        by_set: dict[str, list] = {}
+        for row in audit:
+            by_set.setdefault(row.env, []).append(row)
+        for name, rows in by_set.items():
+            passed = [r for r in rows if r.passed_by]
+            left = [r.task_id for r in passed if r.in_default]
+            yield Tried("noop", f"no-op tasks of {name}", bool(left),
+                        f"{len(passed)} of {len(rows)} passed by doing nothing, in the default set: {left or 'none'}")
+
+
+HOSTILE = {
+    "a lone surrogate printed": "print(chr(0xd800))",
+    "a lone surrogate submitted": "submit(chr(0xd800) + 'x')",
+    "invalid bytes written to stdout": "__import__('os').write(1, b'\\xff\\xfe\\n')",
+    "invalid bytes submitted": "submit(b'\\xff\\xfe')",
+    "a list nested 1200 deep submitted": "x = 0\nfor _ in range(1200):\n    x = [x]\nsubmit(x)",
+    "a dict nested 1200 deep printed": "x = 0\nfor _ in range(1200):\n    x = {'k': x}\nprint(x)",
+}
+"""Agent code whose output once raised past its episode (issue 36)."""
+
+
+def _through_the_pipeline(trajectory, folder: str) -> None:
+    """The stages after the env that read an episode: the rollout log, the renderer, the
+    rule rubric; raises when one raises or leaves text that is not valid UTF-8."""
+    from draco_gym.algos.rllib.reporting import RolloutLog
+    from draco_gym.reward import RuleRubricReward
+    from draco_gym.reward.render import render_trajectory
+    from draco_gym.types import RolloutGroup
+
+    group = RolloutGroup(task_id=trajectory.task.id, trajectories=[trajectory, trajectory])
+    group = group.with_score(RuleRubricReward().score_group(group.task, group.trajectories))
+    RolloutLog(os.path.join(folder, "rollouts.jsonl")).write([group], iteration=0)
+    json.dumps(trajectory.model_dump(mode="json"), ensure_ascii=False).encode("utf-8")
+    render_trajectory(trajectory).encode("utf-8")
+
+
+def hostile(sandbox: str) -> Iterator[Tried]:
+    import tempfile
+
+    import gymnasium as gym
+
+    env = gym.make("draco_gym/PythonTools-v0", sandbox=sandbox)
+    try:
+        task_id = env.unwrapped.task_ids[0]
+        for name, code in HOSTILE.items():
+            try:
+                env.reset(options={"task_id": task_id})
+                env.step(f"```python\n{code}\n```")
+                *_, info = env.step("Done.")
+                trajectory = info["trajectory"]
+                with tempfile.TemporaryDirectory() as folder:
+                    _through_the_pipeline(trajectory, folder)
+                yield Tried("hostile", name, False, f"termination {trajectory.termination}, "
+                                                    f"answer {str(trajectory.metrics.get('answer'))[:40]!r}")
+            except Exception as exc:  # noqa: BLE001 - any stage that raises is the hack working
+                yield Tried("hostile", name, True, f"raised {type(exc).__name__}: {str(exc)[:80]}")
+    finally:
+        env.close()
+    if sandbox == "bwrap":  # AppWorld runs only under bwrap
+        import appworld_mutations as am
+
+        code = "x = 0\nfor _ in range(1000):\n    x = [x]\napis.supervisor.show_profile(extra=x)"
+        try:
+            source = am.offline_source()
+            env = am.make_env(source, sandbox)
+            try:
+                metrics = am.play(env, source.task_ids(source.splits[0])[0], [code])
+            finally:
+                env.close()
+            yield Tried("hostile", "appworld: an API call nested 1000 deep", False, f"episode ended: {sorted(metrics)[:4]}")
+        except Exception as exc:  # noqa: BLE001 - env.step raising is the hack working
+            yield Tried("hostile", "appworld: an API call nested 1000 deep", True,
+                        f"raised {type(exc).__name__}: {str(exc)[:80]}")
+
+
 RUNNERS: dict[str, Callable[[str], Iterator[Tried]]] = {
-    "pythontools": pythontools, "appworld": appworld, "rubric": rubric, "judge": judge}
+    "pythontools": pythontools, "appworld": appworld, "rubric": rubric, "judge": judge, "nearmiss": nearmiss,
+    "noop": noop, "hostile": hostile}
 
 
 def main() -> None:
@@ -190,7 +332,7 @@ def main() -> None:
             before = len(tried)
             for t in RUNNERS[family](sandbox):
                 tried.append(t)
-                if t.forged or family != "rubric":
+                if t.forged or family not in QUIET:
                     print(f"{'FORGED' if t.forged else 'HELD  '}  {sandbox:5s} {family:11s} {t.name:34s} "
                           f"{t.detail[:100]}", flush=True)
             mine = tried[before:]

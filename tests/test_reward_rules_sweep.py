@@ -3,9 +3,20 @@ every shipped task family with reference solutions, the reference must outrank a
 print-only and a comment-only attempt (the reference commented out, then a wrong answer
 submitted) on at least 95% of tasks, the four scored as one group, dropout included (the
 attempts and episodes: ``rubric_hacks.py``).
+
+And against near-misses (``bench/evaluator_mutations.py``'s, played there: a right lookup
+then a wrong submit, a wrong id then ``submit(0)``, ``list_products()`` then ``submit(0)``,
+every product looked up then ``submit(0)``, a wrong unit count, a neighbouring task's answer,
+a wrong door, a τ² write left out or made twice): under every judge-free reward a shipped
+config trains on (``rule``, ``outcome``, ``weighted`` of them), the reference outranks every
+near-miss of its task on at least 95% of tasks, each task's reference and near-misses scored
+as one group. The default pass plays a few tasks per family; the slow pass plays them all.
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -53,3 +64,121 @@ def test_appworld_offline_suite_reference_outranks_cheap_attempts(split):
         env.close()
     assert len(rewards) == {"train": 24, "dev": 12, "test": 12}[split]
     check(misses, rewards)
+
+
+# -- the near-misses of bench/evaluator_mutations.py, under every shipped judge-free reward -----
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import evaluator_mutations as em  # noqa: E402
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+JUDGE_FREE = {"rule", "outcome"}
+"""The rewards that read only what ran; ``weighted`` sums of them are judge-free too. Judged
+rewards need a judge server (their ranking is the judge's, bench/judge_quality.py), the
+random control ranks nothing on purpose, Corridor's reward is a simulated judge."""
+ISSUE_ATTEMPTS = ("the right lookup, then submit(0)", "a wrong id, then submit(0)", "list_products(), then submit(0)",
+                  "every product looked up, then submit(0)")
+"""Issue 36's wrong-answer attempts on the purchase tier, which each earned the reference's
+rule reward on 40/40 tasks (the right lookup then a wrong submit also as "the unit price only",
+"one unit more" and the others)."""
+FEW = 1
+"""Tasks per family in the default pass."""
+
+SUITES = dict(zip(["shop/purchase", "shop/tiers", "shop/order-item", "corridor/treasure", "corridor/locks", "tau2/mock"],
+                  em.suites(("shop", "corridor", "tau2"), ("mock",)), strict=True))
+"""Every shipped family with references (AppWorld's near-misses are played by
+bench/appworld_mutations.py: minutes per task on this CPU, outside this sweep)."""
+
+
+def judge_free(name: object, options: dict) -> bool:
+    if name == "weighted":
+        return all(judge_free(p.get("name"), p.get("options") or {}) for p in options.get("parts", []))
+    return name in JUDGE_FREE
+
+
+def shipped_rewards() -> dict[str, tuple[str, dict]]:
+    """label (the configs that ship it) -> (reward name, options): every distinct judge-free
+    reward of configs/*.yaml."""
+    from draco_gym.algos.config import load_config
+
+    found: dict[str, tuple[str, dict]] = {}
+    for path in sorted(CONFIGS.glob("*.yaml")):
+        reward = load_config(path).reward
+        spec = (reward.name, dict(reward.options))
+        if judge_free(*spec):
+            label = next((k for k, v in found.items() if v == spec), None)
+            found.pop(label, None)
+            found[f"{label}, {path.stem}" if label else f"{path.stem}: {reward.name}"] = spec
+    return found
+
+
+def test_the_sweep_covers_the_shipped_rewards_and_the_issue_attempts():
+    """The configs still ship rule alone, outcome alone and their weighted sum, and the
+    purchase tier's near-misses still hold the issue's wrong-answer attempts."""
+    names = sorted(name for name, _ in shipped_rewards().values())
+    assert names == ["outcome", "rule", "weighted"], names
+    case = next(em.purchase_cases())
+    assert set(ISSUE_ATTEMPTS) <= set(case.near_misses) - case.equivalent
+
+
+_PLAYED: dict[tuple[str, bool], list] = {}
+
+
+def played(suite: str, every: bool) -> list:
+    """The suite's cases (all, or the first ``FEW`` of each family) played through its
+    environment, once per test session."""
+    if (suite, every) not in _PLAYED:
+        built = SUITES[suite]
+        env = built.make("auto")
+        try:
+            taken: dict[str, int] = {}
+            out = []
+            for case in built.cases(env.unwrapped):
+                taken[case.family] = taken.get(case.family, 0) + 1
+                if every or taken[case.family] <= FEW:
+                    out.append(em.play_case(env, case, built.state))
+            _PLAYED[(suite, every)] = out
+        finally:
+            env.close()
+    return _PLAYED[(suite, every)]
+
+
+def unranked(cases: list, name: str, options: dict) -> dict[str, dict[str, float]]:
+    """task -> the near-misses the reward ranks at or above the reference, with their reward
+    less the reference's (each task's reference and near-misses scored as one group)."""
+    from draco_gym.reward import build_reward
+
+    reward = build_reward(name, **options)
+    out = {}
+    for case in cases:
+        assert case.reference is not None, f"{case.case.task_id}: the reference fails its own check"
+        rewards = reward.score_group(case.reference.task, [case.reference, *case.near_misses.values()]).rewards
+        beaten = {n: round(r - rewards[0], 3) for n, r in zip(case.near_misses, rewards[1:]) if r >= rewards[0]}
+        if beaten:
+            out[case.case.task_id] = beaten
+    return out
+
+
+def sweep_near_misses(suite: str, every: bool) -> None:
+    cases = played(suite, every)
+    assert cases and sum(len(c.near_misses) for c in cases) >= len(cases)
+    failures = {}
+    for label, (name, options) in shipped_rewards().items():
+        misses = unranked(cases, name, options)
+        if 1 - len(misses) / len(cases) < RANKED_SHARE:
+            failures[label] = {t: dict(list(m.items())[:4]) for t, m in list(misses.items())[:4]}
+    assert not failures, (f"{suite}: the reference does not outrank every near-miss on >= {RANKED_SHARE:.0%} of "
+                          f"{len(cases)} tasks under {sorted(failures)}; near-miss reward - reference's: {failures}")
+
+
+@pytest.mark.parametrize("suite", list(SUITES))
+def test_reference_outranks_every_near_miss_on_a_few_tasks(suite):
+    """The first tasks of each family, under every shipped judge-free reward."""
+    sweep_near_misses(suite, every=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("suite", list(SUITES))
+def test_reference_outranks_every_near_miss_on_every_task(suite):
+    """Every task of every family, under every shipped judge-free reward."""
+    sweep_near_misses(suite, every=True)
