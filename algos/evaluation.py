@@ -8,10 +8,13 @@ rates of ``draco-gym eval`` (pass@k, pass^k, their mean over checkpoints).
     for line in comparison_notes(before, after): print(line)
 
 Every rate is a share of counted events (episodes, verdicts, turns or executed blocks) with a
-95% Wilson interval (``draco_gym.metrics.share``); a before/after difference gets a
-normal-approximation interval (``draco_gym.metrics.difference``): when it holds zero the notes
-say the evaluation had too few episodes to tell, when it excludes zero they say whether the
-policy got better or worse.
+95% Wilson interval (``draco_gym.metrics.share``). The success rate also keeps each episode's
+outcome by ``task_id/index``: two evaluations with one seed meet the same episodes, so their
+difference gets the paired interval (``draco_gym.metrics.paired_difference``), where an episode
+that both policies pass or both fail cancels out; other rates, and evaluations of different
+episodes, get the normal approximation for independent samples. When the interval holds zero
+the notes say the evaluation had too few episodes to tell, when it excludes zero they say
+whether the policy got better or worse.
 """
 
 from __future__ import annotations
@@ -25,21 +28,25 @@ from draco_gym.types import RolloutGroup
 def episode_summary(groups: Sequence[RolloutGroup], success_metric: str = "success") -> dict:
     """The user-facing rates of a set of evaluation episodes (``GRPO.rollout`` groups):
 
-    success_rate         episodes whose ``metrics[success_metric]`` is true
+    success_rate         episodes whose ``metrics[success_metric]`` is true (``outcomes``:
+                         each episode's, by ``task_id/index``, for a paired comparison)
     rubric_pass_rate     PASS verdicts among PASS + FAIL over the whole rubric (criteria
                          that dropout removed included), when the groups were scored
     well_formed_turns    turns that carried one well-formed code block
     raised_blocks        executed blocks whose execution raised
     """
     trajectories = [t for g in groups for t in g.trajectories]
-    wins = sum(bool(t.metrics.get(success_metric)) for t in trajectories)
+    outcomes = {f"{g.task_id}/{i}": bool(t.metrics.get(success_metric))
+                for g in groups for i, t in enumerate(g.trajectories)}
+    wins = sum(outcomes.values())
     turns = [s for t in trajectories for s in t.steps]
     well_formed = sum(s.code is not None and not _parse_error(s) for s in turns)
     executed = [s for s in turns if s.code is not None]
     raised = sum(bool(s.info.get("exec_error")) for s in executed)
     out = {
         "episodes": len(trajectories),
-        "success_rate": share(wins, len(trajectories)),
+        "success_rate": {**share(wins, len(trajectories)),
+                         **({"outcomes": outcomes} if len(outcomes) == len(trajectories) else {})},
         "well_formed_turns": share(well_formed, len(turns)),
         "raised_blocks": share(raised, len(executed)),
     }
@@ -83,8 +90,13 @@ def comparison_notes(before: dict, after: dict) -> list[str]:
             notes.append(f"{key}: {b['mean']:.3f} before and after ({b['k']} of {b['n']} and {a['k']} of {a['n']} "
                          f"{COUNTED[key]}): no change seen; each side's 95% interval lies within [{lo:.2f}, {hi:.2f}]")
             continue
-        lo, hi = difference(b, a)["ci95"]
+        diff = difference(b, a)
+        lo, hi = diff["ci95"]
         interval = f"the 95% CI of the difference [{lo:+.3f}, {hi:+.3f}]"
+        if diff.get("paired"):
+            changed = diff["changed"]
+            interval += (f" (paired over the same {diff['paired']} episodes: {changed['gained']} passed only after, "
+                         f"{changed['lost']} only before)")
         if lo <= 0 <= hi:
             notes.append(f"{change}; {interval} does not exclude zero: too few episodes ({counts}) to tell a change "
                          "from noise")
@@ -117,6 +129,26 @@ def no_update_note(rows: Iterable[dict]) -> str | None:
     if not flat:
         return None
     return f"no update in {flat} of {len(rows)} iterations: every group had equal rewards"
+
+
+def credit_note(rows: Iterable[dict]) -> str | None:
+    """The run's statement of what its credit did: the mean inert share over the iterations
+    (the project's, against the rule's own base, and the paper's: 1.0 is one advantage per
+    episode, GRPO's) and, of the groups whose episodes differed in outcome, how many kept a
+    criterion after dropout (what the step credit needs to act on)."""
+    rows = [r for r in rows if "credit/inert_share" in r]
+    if not rows:
+        return None
+    inert = sum(r["credit/inert_share"] for r in rows) / len(rows)
+    paper = [r["credit/paper_inert_share"] for r in rows if "credit/paper_inert_share" in r]
+    note = f"credit over {len(rows)} iterations: mean inert share {inert:.2f}"
+    if paper:
+        note += f" (the paper's {sum(paper) / len(paper):.2f})"
+    mixed = sum(r.get("judge/mixed_groups", 0) for r in rows)
+    if mixed:
+        kept = sum(r.get("judge/mixed_groups", 0) * r.get("judge/mixed_groups_with_criteria", 0) for r in rows)
+        note += f"; {round(kept)} of {mixed} groups with mixed outcomes kept a criterion after dropout"
+    return note
 
 
 # -- draco-gym eval: pass@k and pass^k over n runs per task ------------------------------

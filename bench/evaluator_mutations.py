@@ -45,6 +45,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from draco_gym.envs import play_messages
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
@@ -93,17 +95,6 @@ class Played:
     reference: Any
     near_misses: dict[str, Any] = field(default_factory=dict)
     equivalent: tuple[str, ...] = ()
-
-
-def play(env, task_id: str, messages: list[str]):
-    """The trajectory of the episode of ``task_id`` that sends ``messages`` (the last one
-    again until the episode ends)."""
-    env.reset(options={"task_id": task_id})
-    for k in range(env.unwrapped.max_turns):
-        _, _, terminated, truncated, info = env.step(messages[min(k, len(messages) - 1)])
-        if terminated or truncated:
-            return info["trajectory"]
-    raise AssertionError(f"{task_id}: the episode did not end within max_turns={env.unwrapped.max_turns}")
 
 
 def succeeded(trajectory) -> bool:
@@ -472,7 +463,7 @@ def play_case(env, case: Case, state: Callable[[Any], Any] | None = None) -> Pla
     """The case's reference and its near-misses (not the equivalent ones) played through
     ``env``. With ``state`` (a function of the env at an episode's end), a near-miss that
     ended in the reference's state is equivalent, not tried."""
-    reference = play(env, case.task_id, case.reference)
+    reference = play_messages(env, case.task_id, case.reference)
     if not succeeded(reference):
         return Played(case, None)
     goal = state(env.unwrapped) if state else None
@@ -480,7 +471,7 @@ def play_case(env, case: Case, state: Callable[[Any], Any] | None = None) -> Pla
     for name, messages in case.near_misses.items():
         if name in case.equivalent:
             continue
-        trajectory = play(env, case.task_id, messages)
+        trajectory = play_messages(env, case.task_id, messages)
         if state is not None and state(env.unwrapped) == goal:
             equivalent.append(name)
             continue

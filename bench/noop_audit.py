@@ -30,6 +30,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from draco_gym.envs import play_messages
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
@@ -62,7 +64,7 @@ def shop_tiers() -> list[str]:
 def audit_tasks(env, name: str, task_ids: list[str], default: list[str], attempts: dict[str, list[str]]
                 ) -> Iterator[Audited]:
     for task_id in task_ids:
-        passed = tuple(a for a, messages in attempts.items() if em.succeeded(em.play(env, task_id, messages)))
+        passed = tuple(a for a, messages in attempts.items() if em.succeeded(play_messages(env, task_id, messages)))
         yield Audited(name, task_id, passed, task_id in default)
 
 

@@ -9,6 +9,7 @@ With n episodes of a task of which c succeeded:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from math import comb
 
 from draco_gym.types import Termination
@@ -195,9 +196,51 @@ def share(k: int, n: int) -> dict:
 
 
 def difference(before: dict, after: dict) -> dict:
-    """after - before of two shares, with a 95% normal-approximation interval."""
+    """after - before of two shares, with a 95% interval: paired (``paired_difference``) when
+    both name the same episodes in ``outcomes``, else the normal approximation for two
+    independent samples."""
+    ob, oa = before.get("outcomes"), after.get("outcomes")
+    if isinstance(ob, dict) and isinstance(oa, dict) and ob and ob.keys() == oa.keys():
+        keys = sorted(ob)
+        return paired_difference([bool(ob[k]) for k in keys], [bool(oa[k]) for k in keys])
     p1, n1, p2, n2 = before["mean"], before["n"], after["mean"], after["n"]
     if not n1 or not n2:
         return {"delta": p2 - p1, "ci95": [-1.0, 1.0]}
     half = Z95 * math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
     return {"delta": p2 - p1, "ci95": [p2 - p1 - half, p2 - p1 + half]}
+
+
+def paired_difference(before: Sequence[bool], after: Sequence[bool], z: float = Z95) -> dict:
+    """after - before of a success rate measured twice on the same episodes, with Newcombe's
+    score interval for paired proportions (Newcombe 1998, Statistics in Medicine 17:2635,
+    method 10: each side's Wilson interval, joined through the phi correlation of the pairs,
+    continuity-corrected as published).
+
+    Pairs are what an evaluation with one seed gives: the same task and episode index, sampled
+    from the same random numbers, before and after training. Where the two policies still agree
+    on an episode the pair cancels out of the difference, so only episodes whose outcome changed
+    carry it, and the interval is much narrower than two independent samples' of the same size
+    (an episode that both policies pass, or both fail, is evidence of no change, not noise)."""
+    if len(before) != len(after):
+        raise ValueError(f"{len(before)} episodes before and {len(after)} after: pairs need both sides")
+    n = len(before)
+    if n == 0:
+        return {"delta": 0.0, "ci95": [-1.0, 1.0], "paired": 0}
+    both = sum(b and a for b, a in zip(before, after))
+    lost = sum(b and not a for b, a in zip(before, after))
+    gained = sum(a and not b for b, a in zip(before, after))
+    neither = n - both - lost - gained
+    p1, p2 = (both + lost) / n, (both + gained) / n
+    l1, u1 = wilson(both + lost, n, z)
+    l2, u2 = wilson(both + gained, n, z)
+    margins = (both + lost) * (gained + neither) * (both + gained) * (lost + neither)
+    # phi with Newcombe's continuity correction: a positive association shrinks by n/2 (to 0
+    # at most), a negative one is kept
+    cross = both * neither - lost * gained
+    cross = cross - n / 2 if cross > n / 2 else min(cross, 0)
+    phi = cross / math.sqrt(margins) if margins else 0.0
+    delta = p2 - p1
+    below = math.sqrt(max(0.0, (p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2))
+    above = math.sqrt(max(0.0, (u2 - p2) ** 2 - 2 * phi * (u2 - p2) * (p1 - l1) + (p1 - l1) ** 2))
+    return {"delta": delta, "ci95": [max(-1.0, delta - below), min(1.0, delta + above)], "paired": n,
+            "changed": {"gained": gained, "lost": lost}}

@@ -409,7 +409,8 @@ def _cells(figures: dict, prefix: str = "") -> dict[str, Any]:
         if key == "rates" and isinstance(value, dict) and not prefix:
             out.update(_cells(value))
         elif _is_rate(value):
-            out[prefix + str(key)] = {"v": value["mean"], "ci": value["ci95"], "k": value.get("k"), "n": value["n"]}
+            out[prefix + str(key)] = {"v": value["mean"], "ci": value["ci95"], "k": value.get("k"), "n": value["n"],
+                                      **({"outcomes": value["outcomes"]} if isinstance(value.get("outcomes"), dict) else {})}
         elif isinstance(value, dict):
             out.update(_cells(value, f"{prefix}{key}/"))
         else:
@@ -419,8 +420,9 @@ def _cells(figures: dict, prefix: str = "") -> dict[str, Any]:
 
 def evaluation_table(columns: dict[str, dict]) -> dict:
     """Rows of cells, a column per evaluation; with a ``before`` and an ``after`` column, a
-    rate's row also gets after - before with its 95% interval (``draco_gym.metrics.difference``;
-    none for a rate at 0 or 1 on both sides, which has no spread).
+    rate's row also gets after - before with its 95% interval (``draco_gym.metrics.difference``,
+    paired where both name the same episodes; none for a rate at 0 or 1 on both sides, which
+    has no spread).
     A setting or a count (tasks, temperature, episodes) gets none: it is not a result."""
     cells = {name: _cells(figures) for name, figures in columns.items()}
     keys = list(dict.fromkeys(k for column in cells.values() for k in column))
@@ -430,11 +432,15 @@ def evaluation_table(columns: dict[str, dict]) -> dict:
         row = {"key": key, "cells": [column.get(key) for column in cells.values()], "diff": None}
         before, after = (cells["before"].get(key), cells["after"].get(key)) if both else (None, None)
         if isinstance(before, dict) and isinstance(after, dict):
-            diff = difference({"mean": before["v"], "n": before["n"]}, {"mean": after["v"], "n": after["n"]})
+            diff = difference(*({"mean": c["v"], "n": c["n"], "outcomes": c.get("outcomes")} for c in (before, after)))
             # At 0 (or 1) on both sides the difference has no spread: its interval, [0, 0], says nothing.
             flat = before["v"] == after["v"] and before["v"] in (0, 1)
             row["diff"] = {"v": diff["delta"], "ci": None if flat else diff["ci95"]}
         rows.append(row)
+    for column in cells.values():  # the pairing is read; the page shows rates, not episodes
+        for cell in column.values():
+            if isinstance(cell, dict):
+                cell.pop("outcomes", None)
     return {"columns": list(cells), "rows": rows, "diff": both}
 
 

@@ -456,3 +456,18 @@ class CodeStepEnv(gym.Env[str, str]):
         except Exception as exc:  # noqa: BLE001 - an evaluation failure must not lose the episode
             metrics = {"evaluation_error": f"{type(exc).__name__}: {exc}"}
         return valid_data(metrics)  # the submitted answer is the agent's: bytes, any nesting
+
+
+def play_messages(env: gym.Env, task_id: str, messages: list[str]) -> Trajectory:
+    """The episode of ``task_id`` in which a scripted agent sends ``messages`` in order, the
+    last one again until the episode ends: how references, near-misses and exploits are
+    replayed through the same ``step`` a policy uses. Raises when the episode outlives the
+    env's ``max_turns`` (a script that never ends its episode is a broken script)."""
+    if not messages:
+        raise ValueError("play_messages needs at least one message")
+    env.reset(options={"task_id": task_id})
+    for k in range(env.unwrapped.max_turns):
+        _, _, terminated, truncated, info = env.step(messages[min(k, len(messages) - 1)])
+        if terminated or truncated:
+            return info["trajectory"]
+    raise AssertionError(f"{task_id}: the episode did not end within max_turns={env.unwrapped.max_turns}")

@@ -13,8 +13,9 @@ from __future__ import annotations
 import gymnasium as gym
 
 from draco_gym.codeblock import parse_message
+from draco_gym.envs import play_messages
 from draco_gym.reward.rules import RuleRubricReward
-from draco_gym.types import TOOL_CALLS, Trajectory
+from draco_gym.types import TOOL_CALLS
 
 RANKED_SHARE = 0.95
 
@@ -40,22 +41,12 @@ def attempts(reference: list[str], submit: str, closing: list[str]) -> dict[str,
     }
 
 
-def play(env: gym.Env, task_id: str, messages: list[str]) -> Trajectory:
-    """The episode that sends ``messages`` (the last one again until the episode ends)."""
-    env.reset(options={"task_id": task_id})
-    for k in range(env.unwrapped.max_turns):
-        _, _, terminated, truncated, info = env.step(messages[min(k, len(messages) - 1)])
-        if terminated or truncated:
-            return info["trajectory"]
-    raise AssertionError(f"{task_id}: the episode did not end within max_turns")
-
-
 def sweep(env: gym.Env, task_ids: list[str], submit: str, closing: list[str]) -> tuple[list[str], dict[str, list[float]]]:
     """(tasks the reference does not outrank every cheap attempt on, rewards per task)."""
     reward = RuleRubricReward()
     misses, rewards = [], {}
     for n, task_id in enumerate(task_ids):
-        plays = {name: play(env, task_id, messages)
+        plays = {name: play_messages(env, task_id, messages)
                  for name, messages in attempts(env.unwrapped.reference_messages(task_id), submit, closing).items()}
         reference = plays["reference"]
         assert reference.metrics.get("success"), (task_id, reference.metrics)

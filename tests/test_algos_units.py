@@ -478,3 +478,27 @@ def test_the_console_hears_each_alarm_once(tmp_path, caplog):
         callback.on_trial_result(t, [], SimpleNamespace(local_path=None), result(t, 0.9 - 0.1 * t, 0.01, 0.1 * t))
     warnings = [line for line in lines if line.startswith("warning:")]
     assert len(warnings) == 1 and warnings[0].startswith("warning: iteration 8: the reward rose by 0.700")
+
+
+def test_mixed_groups_with_criteria_counts_the_groups_a_rubric_must_tell_apart():
+    """Of the groups whose episodes differ in outcome, the share that kept a criterion after
+    dropout: here one of two (a group that all succeeded is not counted at all)."""
+    from draco_gym.types import Task, Trajectory
+
+    task = Task(id="t", instruction="")
+
+    def group(outcomes, criteria):
+        trajs = [Trajectory(task=task, metrics={"success": o}) for o in outcomes]
+        kept = [Criterion(title=f"c{i}") for i in range(criteria)]
+        score = GroupScore(criteria=kept, scores=[TrajectoryScore(reward=float(o)) for o in outcomes],
+                           dropped=[] if criteria else ["c0"])
+        return RolloutGroup(task_id="t", trajectories=trajs, score=score)
+
+    groups = [group([True, False], 1), group([False, True, True], 0), group([True, True], 0)]
+    stats = iteration_metrics(groups, apply_credit(groups, get_credit_rule("uniform")), dict.fromkeys(PHASES, 0.0),
+                              1.0, 0)
+    assert stats["judge/mixed_groups_with_criteria"] == 0.5
+    one_outcome = [group([True, True], 1)]
+    stats = iteration_metrics(one_outcome, apply_credit(one_outcome, get_credit_rule("uniform")),
+                              dict.fromkeys(PHASES, 0.0), 1.0, 0)
+    assert "judge/mixed_groups_with_criteria" not in stats

@@ -9,7 +9,7 @@ import draco_gym  # noqa: F401
 from draco_gym.algos.evaluation import comparison_notes, episode_summary, no_update_note
 from draco_gym.metrics import difference, share, wilson
 from draco_gym.reward import build_reward
-from draco_gym.types import RolloutGroup
+from draco_gym.types import RolloutGroup, Task, Trajectory
 
 
 def corridor_groups(door_plays, task="corridor-1", score=True):
@@ -52,6 +52,54 @@ def test_wilson_interval_and_difference():
     assert lo == pytest.approx(0.404, abs=1e-3) and hi == pytest.approx(0.596, abs=1e-3)
     d = difference({"mean": 0.25, "n": 128}, {"mean": 0.9, "n": 128})
     assert d["delta"] == pytest.approx(0.65) and d["ci95"][0] > 0.5
+
+
+def test_paired_difference_worked_numbers():
+    """Newcombe's method 10 on 21 pairs: 1 passed both times, 1 only before, 7 only after, 12
+    neither (the before/after table of Bentur et al. 2009, used as the worked example of
+    Fagerland, Lydersen & Laake's chapter on the paired 2x2 table). By hand:
+    p1 = 2/21 = 0.0952, Wilson [0.0265, 0.2891]; p2 = 8/21 = 0.3810, Wilson [0.2052, 0.5914];
+    ad - bc = 1*12 - 1*7 = 5 <= n/2 = 10.5, so the corrected phi is 0;
+    lower = 0.2857 - sqrt((0.3810 - 0.2052)^2 + (0.2891 - 0.0952)^2) = 0.2857 - 0.2617 = 0.0240...
+    """
+    from draco_gym.metrics import paired_difference
+
+    before = [True, True] + [False] * 7 + [False] * 12
+    after = [True, False] + [True] * 7 + [False] * 12
+    d = paired_difference(before, after)
+    assert d["delta"] == pytest.approx(6 / 21)
+    assert d["ci95"] == pytest.approx([0.0256, 0.5069], abs=5e-4)
+    assert d["changed"] == {"gained": 7, "lost": 1} and d["paired"] == 21
+    # a strong positive association (ad - bc = 36*23 - 3*18 = 774 > 40) narrows the interval
+    # well below the independent samples' [+0.037, +0.338] for the same 39/80 -> 54/80
+    before = [True] * 39 + [False] * 41
+    after = [True] * 36 + [False] * 3 + [True] * 18 + [False] * 23
+    d = paired_difference(before, after)
+    assert d["ci95"] == pytest.approx([0.0783, 0.2887], abs=5e-4)
+    unpaired = difference({"mean": 39 / 80, "n": 80}, {"mean": 54 / 80, "n": 80})
+    assert unpaired["ci95"] == pytest.approx([0.0374, 0.3376], abs=5e-4)
+    # difference() pairs exactly when both sides name the same episodes
+    outcomes = lambda xs: {f"t/{i}": x for i, x in enumerate(xs)}  # noqa: E731
+    b = {"mean": 39 / 80, "n": 80, "outcomes": outcomes(before)}
+    a = {"mean": 54 / 80, "n": 80, "outcomes": outcomes(after)}
+    assert difference(b, a)["ci95"] == pytest.approx(d["ci95"])
+    assert difference(b, {**a, "outcomes": {**outcomes(after[:-1]), "u/0": False}})["ci95"] == unpaired["ci95"]
+    with pytest.raises(ValueError, match="pairs need both sides"):
+        paired_difference([True], [True, False])
+
+
+def test_notes_pair_the_episodes_of_one_seed():
+    """Two evaluations with one seed: the note's interval is the paired one and says how many
+    episodes changed outcome each way."""
+    task = Task(id="t", instruction="")
+    groups = lambda wins: [RolloutGroup(task_id="t", trajectories=[  # noqa: E731
+        Trajectory(task=task, metrics={"success": w}) for w in wins])]
+    before = episode_summary(groups([True] * 39 + [False] * 41))
+    after = episode_summary(groups([True] * 36 + [False] * 3 + [True] * 18 + [False] * 23))
+    note = comparison_notes(before, after)[0]
+    assert note == ("success_rate: 0.487 -> 0.675; the 95% CI of the difference [+0.078, +0.289] (paired over the "
+                    "same 80 episodes: 18 passed only after, 3 only before) excludes zero: better after training "
+                    "(80 and 80 episodes)")
 
 
 def rate(k, n):
@@ -122,6 +170,19 @@ def test_no_update_note_counts_flat_iterations():
     assert no_update_note(rows) == "no update in 2 of 3 iterations: every group had equal rewards"
     assert no_update_note([{"credit/groups_with_spread": 1}]) is None
     assert no_update_note([{}]) is None  # older metrics without the count: no claim
+
+
+def test_credit_note_says_what_the_credit_did_over_the_run():
+    from draco_gym.algos.evaluation import credit_note
+
+    rows = [{"credit/inert_share": 0.0, "credit/paper_inert_share": 0.5, "judge/mixed_groups": 3,
+             "judge/mixed_groups_with_criteria": 1.0},
+            {"credit/inert_share": 0.5, "credit/paper_inert_share": 1.0, "judge/mixed_groups": 2,
+             "judge/mixed_groups_with_criteria": 0.5},
+            {"credit/inert_share": 1.0, "credit/paper_inert_share": 1.0, "judge/mixed_groups": 0}]
+    assert credit_note(rows) == ("credit over 3 iterations: mean inert share 0.50 (the paper's 0.83); 4 of 5 groups "
+                                 "with mixed outcomes kept a criterion after dropout")
+    assert credit_note([{}]) is None
 
 
 def test_rubric_pass_rate_counts_the_criteria_dropout_removed():

@@ -209,7 +209,7 @@ def train(config, task_ids: list[str], *, resume=None, overwrite: bool = False) 
     run out of the output folder. The final checkpoint is copied to ``OUTPUT_DIR/checkpoint``."""
     from draco_gym.algos.checkpoints import copy_checkpoint
     from draco_gym.algos.config import ConfigError
-    from draco_gym.algos.evaluation import no_update_note
+    from draco_gym.algos.evaluation import credit_note, no_update_note
     from draco_gym.algos.rllib.grpo import ADAPTER_DIR, GRPOConfig
     from draco_gym.algos.rllib.runs import ProgressCallback, fit
     from draco_gym.algos.run_folder import clear_previous_run, continue_logs
@@ -250,7 +250,7 @@ def train(config, task_ids: list[str], *, resume=None, overwrite: bool = False) 
     print(f"done in {time.time() - t0:.0f}s after {result.metrics.get('training_iteration')} iterations: "
           f"checkpoint {final} (LoRA adapter: {final / ADAPTER_DIR}), metrics {out / 'metrics.jsonl'}, plots {out / 'plots'}, "
           f"rollouts {out / 'rollouts.jsonl'}, TensorBoard: tensorboard --logdir {out / 'tune'}", flush=True)
-    note = no_update_note(progress.rows)
-    if note:
-        print(note, flush=True)
+    for note in (credit_note(progress.rows), no_update_note(progress.rows)):
+        if note:
+            print(note, flush=True)
     return 0

@@ -49,9 +49,13 @@ def iteration_metrics(groups: Sequence[RolloutGroup], batch, timers: dict[str, f
     ``groups`` are the scored groups, ``batch`` their ``CreditedBatch``; runners work in parallel, so ``timers`` hold the slowest one's.
     """
     returns, turns, terminations, env_metrics, usage = [], [], Counter(), {}, Counter()
-    passes = fails = before = after = 0
+    passes = fails = before = after = mixed = mixed_with_criteria = 0
     for group in groups:
         score = group.score
+        outcomes = {bool(t.metrics[OUTCOME]) for t in group.trajectories if OUTCOME in t.metrics}
+        if len(outcomes) == 2:  # a group whose episodes differ in outcome: the rubric must tell them apart
+            mixed += 1
+            mixed_with_criteria += bool(score.criteria)
         returns.extend(score.rewards)
         for traj, ts in zip(group.trajectories, score.scores):
             terminations[traj.termination] += 1
@@ -82,6 +86,10 @@ def iteration_metrics(groups: Sequence[RolloutGroup], batch, timers: dict[str, f
         "judge/rubric_pass_rate": passes / (passes + fails) if passes + fails else 0.0,
         "judge/criteria_before_dropout": before / n_groups,
         "judge/criteria_after_dropout": after / n_groups,
+        # of the groups whose episodes differ in outcome, the share with a criterion left after
+        # dropout: a rubric that discriminates keeps one in each (absent: no such group)
+        "judge/mixed_groups": mixed,
+        **({"judge/mixed_groups_with_criteria": mixed_with_criteria / mixed} if mixed else {}),
         "judge/fallbacks": fallbacks[FallbackKind.JUDGE],
         # an environment that reported no outcome: the outcome reward's 0, not a judge failure
         "env_runners/outcome_fallbacks": fallbacks[FallbackKind.OUTCOME],
