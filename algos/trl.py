@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from draco_gym.metrics import group_advantages, learned_episodes
 from draco_gym.types import GAP, Trajectory
 
 from draco_gym.algos.policy.chat import ChatFormat, eos_token_ids
@@ -177,8 +178,8 @@ def _credit_trainer_class():
                                    "sit on one process")
             advantages, start = out["advantages"].tolist(), 0
             per_group = []
-            for members, _ in groups:
-                per_group.append(advantages[start : start + len(members)])
+            for members, score in groups:
+                per_group.append(without_env_errors(advantages[start : start + len(members)], members, score.rewards))
                 start += len(members)
             # TRL's own A_i, credited by the rule: apply_credit, as in every trainer
             credited = apply_credit([RolloutGroup(task_id=members[0].task.id, trajectories=members, score=score)
@@ -196,6 +197,21 @@ def _credit_trainer_class():
             return out
 
     return DracoCreditGRPOTrainer
+
+
+def without_env_errors(advantages: list[float], members: Sequence[Trajectory], rewards: Sequence[float]) -> list[float]:
+    """A group's A_i as TRL computed them, unless an episode of the group ended in
+    ``env_error``: TRL's mean and std then counted an episode the infrastructure failed, so the
+    others' A_i are GRPO's over the episodes that count (``learned_episodes``), as the RLlib
+    trainer computes them; the failed episodes' entries are never read (``apply_credit``
+    leaves them out of the loss)."""
+    kept = learned_episodes(t.termination for t in members)
+    if len(kept) == len(members):
+        return list(advantages)
+    out = [0.0] * len(members)
+    for i, a in zip(kept, group_advantages([rewards[i] for i in kept])):
+        out[i] = a
+    return out
 
 
 def trl_credit_options(name: str, options: dict, model) -> dict:

@@ -207,7 +207,7 @@ def difference(before: dict, after: dict) -> dict:
     if not n1 or not n2:
         return {"delta": p2 - p1, "ci95": [-1.0, 1.0]}
     half = Z95 * math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
-    return {"delta": p2 - p1, "ci95": [p2 - p1 - half, p2 - p1 + half]}
+    return {"delta": p2 - p1, "ci95": [max(-1.0, p2 - p1 - half), min(1.0, p2 - p1 + half)]}
 
 
 def paired_difference(before: Sequence[bool], after: Sequence[bool], z: float = Z95) -> dict:

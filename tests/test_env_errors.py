@@ -118,3 +118,18 @@ def test_the_report_shows_the_advantages_training_used(scored, tmp_path):
     group = _Group(0, TASK.id, [(n, as_record(raw, path, n)) for n, raw in enumerate(records, start=1)])
     summary, _, _ = summarise_group(group, 0, path.name, Limits())
     assert [row["A"] for row in summary["roll"]] == pytest.approx(batch.group_advantages[0], abs=1e-12)
+
+
+def test_trls_advantages_leave_out_an_env_error_episode():
+    """TRL normalises over the whole group, the env_error episode included; the credit trainer
+    takes GRPO's A_i over the episodes that count instead (rewards 1, 0 and a failed 0:
+    +1 and -1, not TRL's +1.41 and -0.71), and keeps TRL's own where nothing failed."""
+    from draco_gym.algos.trl import without_env_errors
+    from draco_gym.types import Task, Trajectory
+
+    task = Task(id="t", instruction="")
+    members = [Trajectory(task=task, termination=t) for t in ("submitted", "submitted", "env_error")]
+    trl_own = [1.41, -0.71, -0.71]
+    assert without_env_errors(trl_own, members, [1.0, 0.0, 0.0]) == pytest.approx([1.0, -1.0, 0.0], abs=1e-5)
+    fine = [Trajectory(task=task, termination="submitted") for _ in range(3)]
+    assert without_env_errors(trl_own, fine, [1.0, 0.0, 0.0]) == trl_own

@@ -142,5 +142,25 @@ def test_eval_prints_the_before_after_rates_with_their_intervals():
     assert lines[0].split() == ["default", "evaluation", "t/checkpoint_000001", "t/checkpoint_000002"]
     assert lines[1].split() == ["success_rate", "0.250", "[0.05,", "0.70]", "0.750", "[0.30,", "0.95]"]
     assert [line.split()[0] for line in lines[2:]] == ["well_formed_turns", "raised_blocks", "pass@1", "pass^2",
-                                                       "turns_mean", "episodes", "mean"]
-    assert lines[-1] == "mean over the 2 checkpoints: success_rate 0.500, pass@1 0.500, pass^2 0.250, turns_mean 2.000"
+                                                       "turns_mean", "episodes", "mean", "success_rate"]
+    assert lines[-2] == "mean over the 2 checkpoints: success_rate 0.500, pass@1 0.500, pass^2 0.250, turns_mean 2.000"
+    # without episode outcomes: two independent samples, 1/4 -> 3/4
+    assert lines[-1] == ("success_rate t/checkpoint_000002 - t/checkpoint_000001: +0.500, 95% CI [-0.100, +1.000]; "
+                         "holds zero: no difference seen")
+
+
+def test_eval_pairs_checkpoints_that_met_the_same_episodes():
+    """One seed meets the same episodes in every checkpoint: the later checkpoints' success is
+    compared with the first's episode by episode (39 of 80 -> 54 of 80, 18 gained, 3 lost)."""
+    from draco_gym.algos.cli.eval import versus_first
+    from draco_gym.metrics import share
+
+    def run(outcomes):
+        rate = {**share(sum(outcomes), len(outcomes)), "outcomes": {f"t{i % 20}/{i // 20}": o for i, o in enumerate(outcomes)}}
+        return {"rates": {"success_rate": rate}}
+
+    before = [True] * 39 + [False] * 41
+    after = [True] * 36 + [False] * 3 + [True] * 18 + [False] * 23
+    assert versus_first({"base": run(before), "runs/q/checkpoint": run(after)}) == [
+        "success_rate runs/q/checkpoint - base: +0.188, 95% CI [+0.078, +0.289] (paired over the same 80 episodes: 18 "
+        "passed only in runs/q/checkpoint, 3 only in base); excludes zero"]

@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 from draco_gym.algos.evaluation import episode_summary, eval_summary, mean_summary, rates_table
+from draco_gym.metrics import difference
 from draco_gym.records import write_json
 
 BASE = "base"
@@ -178,7 +179,27 @@ def evaluation_table(split: str, figures: dict) -> str:
         mean = figures["mean"]
         lines.append(f"mean over the {len(runs)} checkpoints: " + ", ".join(
             f"{k} {mean[k]:.3f}" for k in ("success_rate", *keys) if k in mean))
+        lines += versus_first(runs)
     return "\n".join(lines)
+
+
+def versus_first(runs: dict[str, dict]) -> list[str]:
+    """Each later checkpoint's success rate against the first's, with the difference's 95%
+    interval: paired, since one seed meets the same episodes in every checkpoint
+    (``draco_gym.metrics.difference``), e.g. ``--checkpoint base --checkpoint RUN/checkpoint``
+    for a run's gain, or two runs' checkpoints for the one against the other."""
+    (first, head), *rest = runs.items()
+    lines = []
+    for label, run in rest:
+        b, a = head["rates"]["success_rate"], run["rates"]["success_rate"]
+        diff = difference(b, a)
+        lo, hi = diff["ci95"]
+        line = f"success_rate {label} - {first}: {diff['delta']:+.3f}, 95% CI [{lo:+.3f}, {hi:+.3f}]"
+        if diff.get("paired"):
+            line += (f" (paired over the same {diff['paired']} episodes: {diff['changed']['gained']} passed only in "
+                     f"{label}, {diff['changed']['lost']} only in {first})")
+        lines.append(line + ("; holds zero: no difference seen" if lo <= 0 <= hi else "; excludes zero"))
+    return lines
 
 
 def _evaluate(config, env_config: dict, task_ids: list[str], checkpoints: list[str], out: Path, split: str,
