@@ -144,7 +144,7 @@ def credit_note(rows: Iterable[dict]) -> str | None:
     note = f"credit over {len(rows)} iterations: mean inert share {inert:.2f}"
     if paper:
         note += f" (the paper's {sum(paper) / len(paper):.2f})"
-    mixed = sum(r.get("judge/mixed_groups", 0) for r in rows)
+    mixed = round(sum(r.get("judge/mixed_groups", 0) for r in rows))  # Tune's results hold counts as floats
     if mixed:
         kept = sum(r.get("judge/mixed_groups", 0) * r.get("judge/mixed_groups_with_criteria", 0) for r in rows)
         note += f"; {round(kept)} of {mixed} groups with mixed outcomes kept a criterion after dropout"

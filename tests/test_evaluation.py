@@ -175,7 +175,7 @@ def test_no_update_note_counts_flat_iterations():
 def test_credit_note_says_what_the_credit_did_over_the_run():
     from draco_gym.algos.evaluation import credit_note
 
-    rows = [{"credit/inert_share": 0.0, "credit/paper_inert_share": 0.5, "judge/mixed_groups": 3,
+    rows = [{"credit/inert_share": 0.0, "credit/paper_inert_share": 0.5, "judge/mixed_groups": 3.0,
              "judge/mixed_groups_with_criteria": 1.0},
             {"credit/inert_share": 0.5, "credit/paper_inert_share": 1.0, "judge/mixed_groups": 2,
              "judge/mixed_groups_with_criteria": 0.5},
