@@ -136,17 +136,24 @@ def credit_note(rows: Iterable[dict]) -> str | None:
     (the project's, against the rule's own base, and the paper's: 1.0 is one advantage per
     episode, GRPO's) and, of the groups whose episodes differed in outcome, how many kept a
     criterion after dropout (what the step credit needs to act on)."""
-    rows = [r for r in rows if "credit/inert_share" in r]
+    # A key an iteration did not report reads as None in Tune's rows (e.g. the mixed groups'
+    # share when no group had mixed outcomes): such an iteration counts 0 for it.
+    def value(row: dict, key: str) -> float:
+        v = row.get(key)
+        return float(v) if isinstance(v, (int, float)) else 0.0
+
+    rows = [r for r in rows if isinstance(r.get("credit/inert_share"), (int, float))]
     if not rows:
         return None
-    inert = sum(r["credit/inert_share"] for r in rows) / len(rows)
-    paper = [r["credit/paper_inert_share"] for r in rows if "credit/paper_inert_share" in r]
+    inert = sum(value(r, "credit/inert_share") for r in rows) / len(rows)
+    paper = [value(r, "credit/paper_inert_share") for r in rows
+             if isinstance(r.get("credit/paper_inert_share"), (int, float))]
     note = f"credit over {len(rows)} iterations: mean inert share {inert:.2f}"
     if paper:
         note += f" (the paper's {sum(paper) / len(paper):.2f})"
-    mixed = round(sum(r.get("judge/mixed_groups", 0) for r in rows))  # Tune's results hold counts as floats
+    mixed = round(sum(value(r, "judge/mixed_groups") for r in rows))  # Tune's results hold counts as floats
     if mixed:
-        kept = sum(r.get("judge/mixed_groups", 0) * r.get("judge/mixed_groups_with_criteria", 0) for r in rows)
+        kept = sum(value(r, "judge/mixed_groups") * value(r, "judge/mixed_groups_with_criteria") for r in rows)
         note += f"; {round(kept)} of {mixed} groups with mixed outcomes kept a criterion after dropout"
     return note
 

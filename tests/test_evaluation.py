@@ -183,6 +183,11 @@ def test_credit_note_says_what_the_credit_did_over_the_run():
     assert credit_note(rows) == ("credit over 3 iterations: mean inert share 0.50 (the paper's 0.83); 4 of 5 groups "
                                  "with mixed outcomes kept a criterion after dropout")
     assert credit_note([{}]) is None
+    # an iteration without mixed groups reports no share: Tune's row holds None there
+    rows.append({"credit/inert_share": 0.0, "credit/paper_inert_share": None, "judge/mixed_groups": 0.0,
+                 "judge/mixed_groups_with_criteria": None})
+    assert credit_note(rows) == ("credit over 4 iterations: mean inert share 0.38 (the paper's 0.83); 4 of 5 groups "
+                                 "with mixed outcomes kept a criterion after dropout")
 
 
 def test_rubric_pass_rate_counts_the_criteria_dropout_removed():
