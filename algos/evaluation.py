@@ -92,11 +92,7 @@ def comparison_notes(before: dict, after: dict) -> list[str]:
             continue
         diff = difference(b, a)
         lo, hi = diff["ci95"]
-        interval = f"the 95% CI of the difference [{lo:+.3f}, {hi:+.3f}]"
-        if diff.get("paired"):
-            changed = diff["changed"]
-            interval += (f" (paired over the same {diff['paired']} episodes: {changed['gained']} passed only after, "
-                         f"{changed['lost']} only before)")
+        interval = f"the 95% CI of the difference [{lo:+.3f}, {hi:+.3f}]" + paired_clause(diff, "after", "before")
         if lo <= 0 <= hi:
             notes.append(f"{change}; {interval} does not exclude zero: too few episodes ({counts}) to tell a change "
                          "from noise")
@@ -105,6 +101,16 @@ def comparison_notes(before: dict, after: dict) -> list[str]:
             notes.append(f"{change}; {interval} excludes zero: {'better' if better else 'WORSE'} after training "
                          f"({counts})")
     return notes
+
+
+def paired_clause(diff: dict, later: str, earlier: str) -> str:
+    """How a paired difference (``draco_gym.metrics.difference``) was counted, for a note: the
+    episodes both sides met and how many changed outcome each way; "" for an unpaired one."""
+    if not diff.get("paired"):
+        return ""
+    changed = diff["changed"]
+    return (f" (paired over the same {diff['paired']} episodes: {changed['gained']} passed only {later}, "
+            f"{changed['lost']} only {earlier})")
 
 
 def rates_table(columns: dict[str, dict], title: str, more: Sequence[tuple[str, list[str]]] = ()) -> str:

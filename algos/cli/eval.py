@@ -31,7 +31,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from draco_gym.algos.evaluation import episode_summary, eval_summary, mean_summary, rates_table
+from draco_gym.algos.evaluation import episode_summary, eval_summary, mean_summary, paired_clause, rates_table
 from draco_gym.metrics import difference
 from draco_gym.records import write_json
 
@@ -194,10 +194,8 @@ def versus_first(runs: dict[str, dict]) -> list[str]:
         b, a = head["rates"]["success_rate"], run["rates"]["success_rate"]
         diff = difference(b, a)
         lo, hi = diff["ci95"]
-        line = f"success_rate {label} - {first}: {diff['delta']:+.3f}, 95% CI [{lo:+.3f}, {hi:+.3f}]"
-        if diff.get("paired"):
-            line += (f" (paired over the same {diff['paired']} episodes: {diff['changed']['gained']} passed only in "
-                     f"{label}, {diff['changed']['lost']} only in {first})")
+        line = (f"success_rate {label} - {first}: {diff['delta']:+.3f}, 95% CI [{lo:+.3f}, {hi:+.3f}]"
+                + paired_clause(diff, f"in {label}", f"in {first}"))
         lines.append(line + ("; holds zero: no difference seen" if lo <= 0 <= hi else "; excludes zero"))
     return lines
 
