@@ -79,10 +79,19 @@ def test_eval_refuses_a_checkpoint_of_another_base_before_ray_starts(tmp_path, c
 
 
 def docs_eval_line() -> list[str]:
-    """The quickstart's eval command, as the manual's training page gives it."""
+    """The quickstart's eval command, as the manual's training page gives it first (later lines
+    compare several checkpoints)."""
     page = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
-    (line,) = [ln for ln in page.splitlines() if ln.startswith("draco-gym eval configs/quickstart.yaml")]
-    return line.split("#")[0].split()[1:]
+    lines = [ln for ln in page.splitlines() if ln.startswith("draco-gym eval configs/quickstart.yaml")]
+    assert lines, "docs/training.md gives no quickstart eval line"
+    args = lines[0].split("#")[0].split()[1:]
+    assert args.count("--checkpoint") == 1, lines[0]
+    return args
+
+
+def test_the_docs_eval_line_evaluates_the_quickstarts_checkpoint():
+    """The slow test below replays this line; a page edit that breaks it should fail here, fast."""
+    assert docs_eval_line() == ["eval", "configs/quickstart.yaml", "--checkpoint", "runs/quickstart/checkpoint"]
 
 
 @pytest.mark.slow
