@@ -284,16 +284,17 @@ def fence(code: str) -> str:
     return f"```python\n{code}\n```"
 
 
+def messages(blocks: list[str]) -> list[str]:
+    """The assistant messages that run ``blocks``, then one without code (which ends the
+    episode: ``end_rule="no_code"``)."""
+    return [*map(fence, blocks), "Done."]
+
+
 def play(env, task_id: str, blocks: list[str]) -> dict:
-    """The metrics of an episode of ``task_id`` that runs ``blocks``, then a message without
-    code (which ends it: ``end_rule="no_code"``)."""
-    env.reset(options={"task_id": task_id})
-    info = {}
-    for message in [*map(fence, blocks), "Done."]:
-        _, _, terminated, truncated, info = env.step(message)
-        if terminated or truncated:
-            break
-    return info["trajectory"].metrics
+    """The metrics of an episode of ``task_id`` that runs ``blocks``, then ends."""
+    from draco_gym.envs import play_messages
+
+    return play_messages(env, task_id, messages(blocks)).metrics
 
 
 def make_env(source, sandbox: str = "bwrap"):

@@ -11,10 +11,18 @@ a wrong door, a τ² write left out or made twice): under every judge-free rewar
 config trains on (``rule``, ``outcome``, ``weighted`` of them), the reference outranks every
 near-miss of its task on at least 95% of tasks, each task's reference and near-misses scored
 as one group. The default pass plays a few tasks per family; the slow pass plays them all.
+
+AppWorld's near-misses (``bench/appworld_mutations.py``'s: untag instead of delete, a request
+instead of a payment, one record more or fewer, a record the task never named changed, the
+neighbouring task's solution, completing without acting, a wrong answer) are played through
+``draco_gym/AppWorld-v0`` in bwrap and held to the same bar: the default pass plays the first
+task of its ``FAST_FAMILIES`` (~30 s on a loaded 2-core CPU: the engine's start is ~20 s, an
+episode then under a second), the slow pass the first task of every family (~80 s).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +30,7 @@ import gymnasium as gym
 import pytest
 
 import draco_gym  # noqa: F401 - registers the ids
+from draco_gym.envs import os_sandbox
 from rubric_hacks import RANKED_SHARE, sweep
 
 
@@ -69,6 +78,7 @@ def test_appworld_offline_suite_reference_outranks_cheap_attempts(split):
 # -- the near-misses of bench/evaluator_mutations.py, under every shipped judge-free reward -----
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import appworld_mutations as am  # noqa: E402
 import evaluator_mutations as em  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -86,8 +96,7 @@ FEW = 1
 
 SUITES = dict(zip(["shop/purchase", "shop/tiers", "shop/order-item", "corridor/treasure", "corridor/locks", "tau2/mock"],
                   em.suites(("shop", "corridor", "tau2"), ("mock",)), strict=True))
-"""Every shipped family with references (AppWorld's near-misses are played by
-bench/appworld_mutations.py: minutes per task on this CPU, outside this sweep)."""
+"""Every shipped family with references but AppWorld's (``appworld_played``)."""
 
 
 def judge_free(name: object, options: dict) -> bool:
@@ -143,6 +152,26 @@ def played(suite: str, every: bool) -> list:
     return _PLAYED[(suite, every)]
 
 
+def appworld_played(families: tuple[str, ...] | None) -> list:
+    """The first task of each of ``families`` (every family: None) of the offline AppWorld
+    suite, its reference and near-misses played through ``draco_gym/AppWorld-v0`` in bwrap,
+    once per test session."""
+    if ("appworld", families) not in _PLAYED:
+        source = am.offline_source()
+        firsts: dict[str, am.Case] = {}
+        for case in am.cases(source, list(families) if families else None):
+            firsts.setdefault(case.family, case)
+        env = am.make_env(source)
+        try:
+            _PLAYED[("appworld", families)] = [
+                em.play_case(env, em.Case(c.family, c.task_id, am.messages(c.reference),
+                                          {name: am.messages(blocks) for name, blocks in c.near_misses.items()}))
+                for c in firsts.values()]
+        finally:
+            env.close()
+    return _PLAYED[("appworld", families)]
+
+
 def unranked(cases: list, name: str, options: dict) -> dict[str, dict[str, float]]:
     """task -> the near-misses the reward ranks at or above the reference, with their reward
     less the reference's (each task's reference and near-misses scored as one group)."""
@@ -159,8 +188,7 @@ def unranked(cases: list, name: str, options: dict) -> dict[str, dict[str, float
     return out
 
 
-def sweep_near_misses(suite: str, every: bool) -> None:
-    cases = played(suite, every)
+def sweep_near_misses(suite: str, cases: list) -> None:
     assert cases and sum(len(c.near_misses) for c in cases) >= len(cases)
     failures = {}
     for label, (name, options) in shipped_rewards().items():
@@ -174,11 +202,35 @@ def sweep_near_misses(suite: str, every: bool) -> None:
 @pytest.mark.parametrize("suite", list(SUITES))
 def test_reference_outranks_every_near_miss_on_a_few_tasks(suite):
     """The first tasks of each family, under every shipped judge-free reward."""
-    sweep_near_misses(suite, every=False)
+    sweep_near_misses(suite, played(suite, every=False))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("suite", list(SUITES))
 def test_reference_outranks_every_near_miss_on_every_task(suite):
     """Every task of every family, under every shipped judge-free reward."""
-    sweep_near_misses(suite, every=True)
+    sweep_near_misses(suite, played(suite, every=True))
+
+
+needs_bwrap = pytest.mark.skipif(
+    os_sandbox.bwrap_problem() is not None and not os.environ.get("DRACO_GYM_REQUIRE_BWRAP"),
+    reason=f"AppWorld runs only under bubblewrap: {os_sandbox.bwrap_problem()}")
+
+
+@needs_bwrap
+def test_appworld_reference_outranks_every_near_miss_on_the_fast_families():
+    """The first task of an action on notes, of one that moves money, and of a question,
+    under every shipped judge-free reward."""
+    cases = appworld_played(am.FAST_FAMILIES)
+    assert [c.case.family for c in cases] == sorted(am.FAST_FAMILIES)
+    sweep_near_misses("appworld", cases)
+
+
+@pytest.mark.slow
+@needs_bwrap
+def test_appworld_reference_outranks_every_near_miss_on_a_task_of_every_family():
+    """The first task of every family of the offline suite, under every shipped judge-free
+    reward."""
+    cases = appworld_played(None)
+    assert len(cases) == 16
+    sweep_near_misses("appworld", cases)
