@@ -14,6 +14,7 @@ and nesting.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from draco_gym.algos.policy.chat import ChatFormat
 from draco_gym.algos.policy.generation import Sample
 from draco_gym.algos.policy.rollout import Episode, EpisodeLimits, run_episodes
 from draco_gym.algos.rllib.reporting import RolloutLog
+from draco_gym.envs import os_sandbox
 from draco_gym.records import read_records
 from draco_gym.reward import RuleRubricReward, build_reward
 from draco_gym.reward.judges import OpenAIJudge
@@ -286,6 +288,65 @@ def test_relay_arguments_nested_past_the_bound_are_refused_before_they_are_seria
                             calls)["status_code"] == 200
     assert calls == [{"name": "/simple_note/login", "ok": False, "status": 422}] * 2 + [
         {"name": "simple_note.login", "ok": True, "status": 200}]
+
+
+RELAY_LINES = """relay = apis._requester.client._relay  # the shell's end of the API channel, the agent's to write
+answers = []
+for depth in range({low}, {high}):
+    nested = "[" * depth + "]" * depth
+    relay.replies.write(('{{"api": {{"method": "post", "url": "/simple_note/auth/token", "kwargs": {{"username": '
+                         + nested + '}}}}}}\\n').encode())
+    relay.replies.flush()
+    answers.append(relay.requests.readline().decode().strip())
+print(f"{{len(answers)}} answers, each one of:")
+for answer in sorted(set(answers)):
+    print(answer)"""
+"""A block that writes API calls on the relay by hand, one per depth in [low, high), the
+username nested ``depth`` lists deep, and prints how many answers came and which."""
+
+
+@pytest.mark.skipif(os_sandbox.bwrap_problem() is not None and not os.environ.get("DRACO_GYM_REQUIRE_BWRAP"),
+                    reason=f"AppWorld runs only under bubblewrap: {os_sandbox.bwrap_problem()}")
+def test_a_relay_line_nested_a_thousand_deep_never_raises_out_of_an_appworld_step():
+    """The issue's exploit through ``gym.make("draco_gym/AppWorld-v0")`` in bwrap: the
+    agent's code writes relay lines nested deeper and deeper (100 depths a block, from 500
+    up). A depth the parent can parse but not serialise again (just under the recursion
+    limit, where it depends on the stack) once raised RecursionError out of ``env.step``.
+    Now every depth the parent parses is answered 422 in the block's output and recorded as
+    a failed call, and the episode goes on (a normal step works); the first depth it cannot
+    parse stops the shell and ends the episode as ``env_error``; the next episode works.
+    Ending at a depth the parent cannot parse shows every depth below it was answered."""
+    from draco_gym.envs.appworld import AppWorldRuntime, ensure_offline_suite
+    from draco_gym.text import MAX_DEPTH
+
+    source = ensure_offline_suite(AppWorldRuntime())
+    env = gym.make("draco_gym/AppWorld-v0", data_root=str(source.data_dir), sandbox="bwrap", step_timeout_s=20,
+                   max_turns=30, show_progress=False)
+    refused = json.dumps({"status_code": 422, "text": json.dumps(
+        {"message": f"The arguments nest deeper than {MAX_DEPTH} levels."})})
+    profile = fence("print(apis.supervisor.show_profile()['first_name'])")
+    try:
+        env.reset(options={"task_id": "photo-count_1"})
+        terminated, low, blocks = False, 500, []
+        while not terminated and low < sys.getrecursionlimit() + 100:
+            # without the bound, a depth in the parsed-but-not-serialisable band raises RecursionError here
+            observation, _, terminated, truncated, info = env.step(fence(RELAY_LINES.format(low=low, high=low + 100)))
+            assert not truncated
+            blocks.append((observation, info))
+            if not terminated:
+                assert env.step(profile)[0].strip() == "Mara"
+            low += 100
+        *answered, (last, info) = blocks
+        assert terminated and info["trajectory"].termination == Termination.ENV_ERROR, last[:500]
+        assert last.startswith("Environment error: the code broke the environment's protocol"), last[:500]
+        assert answered, "the first block already ended the episode: start the sweep lower"
+        for observation, info in answered:
+            assert observation.split() == ["100", "answers,", "each", "one", "of:", *refused.split()], observation
+            assert info["tool_calls"] == [{"name": "/simple_note/auth/token", "ok": False, "status": 422}] * 100
+        env.reset(options={"task_id": "photo-count_1"})
+        assert env.step(profile)[0].strip() == "Mara"
+    finally:
+        env.close()
 
 
 # -- valid_data's bounds, on values no sandbox bounded ---------------------------------------
