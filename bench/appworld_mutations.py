@@ -118,6 +118,8 @@ def delete_tagged_notes(ref: list[str], p: dict) -> dict[str, list[str]]:
         "deleted and re-created without the tag": [login, search, recreate, done],
         "one note too few": [login, search, replaced(delete, "for n in notes:", "for n in notes[:-1]:"), done],
         "one note too many": [login, search, delete, other, done],
+        "a wrong note deleted instead of a tagged one": [
+            login, search, replaced(delete, "for n in notes:", "for n in notes[:-1]:"), other, done],
     }
 
 

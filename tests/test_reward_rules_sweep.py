@@ -91,6 +91,9 @@ ISSUE_ATTEMPTS = ("the right lookup, then submit(0)", "a wrong id, then submit(0
 """Issue 36's wrong-answer attempts on the purchase tier, which each earned the reference's
 rule reward on 40/40 tasks (the right lookup then a wrong submit also as "the unit price only",
 "one unit more" and the others)."""
+ISSUE_APPWORLD_ATTEMPTS = ("a wrong note deleted instead of a tagged one", "untagged instead of deleted")
+"""Issue 36's AppWorld attempts on delete-tagged-notes: the wrong note deleted (at or above the
+reference under ``rule`` alone), the tag removed instead of the notes deleted (passed the suite)."""
 FEW = 1
 """Tasks per family in the default pass."""
 
@@ -223,6 +226,7 @@ def test_appworld_reference_outranks_every_near_miss_on_the_fast_families():
     under every shipped judge-free reward."""
     cases = appworld_played(am.FAST_FAMILIES)
     assert [c.case.family for c in cases] == sorted(am.FAST_FAMILIES)
+    assert set(ISSUE_APPWORLD_ATTEMPTS) <= set(cases[0].near_misses), cases[0].near_misses.keys()
     sweep_near_misses("appworld", cases)
 
 
