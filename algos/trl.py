@@ -134,7 +134,8 @@ def _credit_trainer_class():
     import torch
     from trl import GRPOTrainer
 
-    from draco_gym.algos.credit import apply_credit, get_credit_rule
+    from draco_gym.algos.credit import get_credit_rule
+    from draco_gym.algos.policy import iteration
     from draco_gym.reward.trl import TRLReward
     from draco_gym.types import RolloutGroup
 
@@ -181,8 +182,8 @@ def _credit_trainer_class():
             for members, score in groups:
                 per_group.append(without_env_errors(advantages[start : start + len(members)], members, score.rewards))
                 start += len(members)
-            # TRL's own A_i, credited by the rule: apply_credit, as in every trainer
-            credited = apply_credit([RolloutGroup(task_id=members[0].task.id, trajectories=members, score=score)
+            # TRL's own A_i, credited by the rule: the iteration's credit step, as in every trainer
+            credited = iteration.credit([RolloutGroup(task_id=members[0].task.id, trajectories=members, score=score)
                                      for members, score in groups], self.credit_rule, per_group)
             width = out["completion_ids"].shape[1]
             rows = []

@@ -168,7 +168,7 @@ def setup_variant(config_path: str, mode: str, micro_batch_tokens: int | None, l
 
     from draco_gym.algos.config import load_config
     from draco_gym.algos.policy import lm as lm_module
-    from draco_gym.algos.policy.gradients import accumulate_gradients, recompute_logprobs
+    from draco_gym.algos.policy.iteration import accumulate_gradients, recompute_logprobs
     from draco_gym.algos.policy.models import resolve_model
     from draco_gym.algos.rllib.module import HFPolicyModule
 

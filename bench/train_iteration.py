@@ -257,7 +257,7 @@ def model_flops(config, lengths, policy_tokens: int, shared: int = 0) -> float:
 def bench_learner(args) -> None:
     import torch
 
-    from draco_gym.algos.policy.gradients import accumulate_gradients, recompute_logprobs
+    from draco_gym.algos.policy.iteration import accumulate_gradients, recompute_logprobs
     from draco_gym.algos.config import LossConfig
     from draco_gym.algos.rllib.module import HFPolicyModule
     from draco_gym.algos.policy.prefix import prefix_groups

@@ -1,10 +1,11 @@
 """One GRPO iteration with step credit, in one file and one process, without Ray.
 
-    episodes -> group score -> credit -> token batch -> loss -> optimizer step
+    sample -> score -> credit -> token batch -> update (loss, backward, clip, step)
 
-The same pieces the RLlib trainer runs (``draco_gym/algos/rllib/grpo.py``, where the
-episodes are sampled on env runners and the step on learners), called in order on a tiny
-random Llama built here, so it runs in seconds on a CPU:
+The iteration's steps (``draco_gym/algos/policy/iteration.py``), the very calls the RLlib
+trainer makes (``draco_gym/algos/rllib/grpo.py``, where the episodes are sampled and scored
+on env runners and the gradient taken on learners), on a tiny random Llama built here, so it
+runs in seconds on a CPU:
 
     python examples/one_iteration.py                    # the random-reward baseline
     python examples/one_iteration.py --reward rule --credit draco --model DIR
@@ -26,12 +27,11 @@ from transformers import AutoTokenizer
 
 import draco_gym  # noqa: F401 - registers the environments
 from draco_gym.algos.config import EpisodeLimits, LossConfig
-from draco_gym.algos.credit import apply_credit, get_credit_rule
-from draco_gym.algos.policy.batch import token_batch
+from draco_gym.algos.credit import get_credit_rule
+from draco_gym.algos.policy import iteration
 from draco_gym.algos.policy.chat import ChatFormat
 from draco_gym.algos.policy.generation import TorchSampler
-from draco_gym.algos.policy.lm import add_lora, load_causal_lm, token_logprobs
-from draco_gym.algos.policy.loss import grpo_loss
+from draco_gym.algos.policy.lm import add_lora, load_causal_lm
 from draco_gym.algos.policy.models import build_tiny_llama
 from draco_gym.algos.policy.rollout import Episode, run_episodes
 from draco_gym.reward import build_reward
@@ -58,11 +58,11 @@ def main(argv: list[str] | None = None) -> dict:
     temperature = 1.0  # the learner scores tokens under the distribution that drew them
     sampler = TorchSampler(lm, eos_ids=chat.eos_ids, pad_id=tokenizer.pad_token_id, temperature=temperature)
     limits = EpisodeLimits(max_new_tokens=24, max_prompt_tokens=512, max_response_tokens=128)
-    reward, credit_rule, loss_cfg = build_reward(args.reward), get_credit_rule(args.credit), LossConfig()
-    adapter = [w for w in lm.parameters() if w.requires_grad]
-    optimizer = torch.optim.AdamW(adapter, lr=args.lr)
+    reward, credit_rule = build_reward(args.reward), get_credit_rule(args.credit)
+    optimizer = torch.optim.AdamW([w for w in lm.parameters() if w.requires_grad], lr=args.lr)
 
-    # 1. Episodes: G per task, every live episode's turn in one batched sampling call.
+    # 1. Sample (this loop's own; RLlib samples on env runners, TRL in its rollout_func): G
+    #    episodes per task, every live episode's turn in one batched sampling call.
     G = args.group_size
     envs = [gym.make(args.env, max_turns=2) for _ in range(args.tasks * G)]
     task_ids = list(envs[0].unwrapped.task_ids)[: args.tasks]
@@ -73,39 +73,18 @@ def main(argv: list[str] | None = None) -> dict:
     groups = [RolloutGroup(task_id=task, trajectories=trajectories[i * G : (i + 1) * G])
               for i, task in enumerate(task_ids)]
 
-    # 2. Group score: one reward call per group (a rubric judges the G rollouts together).
-    groups = [group.with_score(reward.score_group(group.task, group.trajectories)) for group in groups]
-
-    # 3. Credit, as the trainers apply it: A_i = the group-normalised reward; the rule turns it
-    #    into a_j per step (DRACO: towards the steps the verdicts cite); a_j goes on step j's
-    #    tokens, 0 on gap tokens.
-    credited = apply_credit(groups, credit_rule)
-
-    # 4. Token batch: one right-padded row per trajectory; the loss is taken on step tokens.
-    batch = {k: torch.as_tensor(v) for k, v in token_batch(credited.trajectories, credited.token_advantages,
-                                                           pad_id=tokenizer.pad_token_id).items()}
-    mask = batch["policy_mask"][:, 1:].bool()  # token t is predicted at t - 1
-    rows = (batch["input_ids"], batch["attention_mask"], batch["policy_mask"])
-
-    # 5. Loss: clipped ratio to the sampler's log-probs, k3 KL to the base model (adapter off).
-    logp = token_logprobs(lm, *rows, temperature=temperature)
-    with torch.no_grad(), lm.disable_adapter():
-        ref_logp = token_logprobs(lm, *rows, temperature=temperature)
-    loss, stats = grpo_loss(logp, batch["old_logp"][:, 1:][mask], ref_logp, batch["advantages"][:, 1:][mask],
-                            n_tokens=int(mask.sum()), cfg=loss_cfg)
-
-    # 6. Optimizer step.
+    # 2-5. The iteration's steps, the trainers' own calls (draco_gym/algos/policy/iteration.py).
+    groups = iteration.score(groups, reward)  # one reward call per group (a rubric judges the G together)
+    credited = iteration.credit(groups, credit_rule)  # A_i, then a_j per step (DRACO: the cited steps), per token
+    batch = iteration.to_batch(credited, pad_id=tokenizer.pad_token_id)  # one padded row per trajectory
     before = {name: w.detach().clone() for name, w in lm.named_parameters() if w.requires_grad}
-    optimizer.zero_grad()
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(adapter, 1.0)
-    optimizer.step()
+    step = iteration.update(iteration.LoRAPolicy(lm, temperature), batch, optimizer, LossConfig())
     moved = max(float((w.detach() - before[name]).abs().max()) for name, w in lm.named_parameters() if name in before)
 
     for env in envs:
         env.close()
-    out = {"episodes": len(trajectories), "rewards": [group.score.rewards for group in groups], "policy_tokens": int(mask.sum()),
-           "loss": float(loss.detach()), **{k: float(v) for k, v in stats.items()}, "adapter_moved": moved,
+    out = {"episodes": len(trajectories), "rewards": [group.score.rewards for group in groups],
+           "policy_tokens": step.policy_tokens, "loss": float(step.loss), **step.stats, "adapter_moved": moved,
            "inert_share": credited.inert_credit_share, "paper_inert_share": credited.paper_inert_share}
     print("\n".join(f"{k}: {v}" for k, v in out.items()))
     return out

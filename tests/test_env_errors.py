@@ -86,6 +86,7 @@ def test_the_learner_steps_only_on_the_episodes_in_the_loss(monkeypatch):
     group skipped it takes no step at all."""
     from types import SimpleNamespace
 
+    from draco_gym.algos.policy import iteration
     from draco_gym.algos.rllib import grpo
 
     class Built(Exception):
@@ -94,7 +95,7 @@ def test_the_learner_steps_only_on_the_episodes_in_the_loss(monkeypatch):
     def token_batch(trajectories, advantages, pad_id):
         raise Built(trajectories, advantages)
 
-    monkeypatch.setattr(grpo, "token_batch", token_batch)
+    monkeypatch.setattr(iteration, "token_batch", token_batch)
     algo = SimpleNamespace(config=SimpleNamespace(run=SimpleNamespace(optim=None)))
     assert grpo.GRPO.update(algo, apply_credit([LONE], get_credit_rule("uniform"))) is None  # no step
     batch = apply_credit([MIXED], get_credit_rule("uniform"))

@@ -21,7 +21,7 @@ from draco_gym.algos.policy import generation as generation_mod
 from draco_gym.algos.policy.batch import prefix_micro_batches, token_batch
 from draco_gym.algos.policy.chat import ChatFormat
 from draco_gym.algos.policy.generation import Sample, TorchSampler
-from draco_gym.algos.policy.gradients import accumulate_gradients, recompute_logprobs
+from draco_gym.algos.policy.iteration import accumulate_gradients, recompute_logprobs
 from draco_gym.algos.config import LossConfig
 from draco_gym.algos.rllib.module import HFPolicyModule
 from draco_gym.algos.policy.prefix import PrefixGroup, SharedPrefix, prefix_groups, sharing_unsupported
@@ -274,7 +274,7 @@ def test_sliding_window_model_falls_back_with_a_logged_reason(tmp_path, caplog):
     module = make_module(path)
     assert "sliding" in module.prefix_sharing()
     batch = with_old_logprobs(module, synthetic_batch(vocab(module)))
-    with caplog.at_level(logging.WARNING, logger="draco_gym.algos.policy.gradients"):
+    with caplog.at_level(logging.WARNING, logger="draco_gym.algos.policy.iteration"):
         shared = lora_grad(module, batch, 10**9, share=True)
     assert "prefix sharing off" in caplog.text and "sliding" in caplog.text
     assert torch.equal(shared, lora_grad(module, batch, 10**9, share=False))

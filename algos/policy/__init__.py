@@ -1,6 +1,8 @@
 """The policy without a trainer framework: what the RLlib trainer, TRL's trainer and a plain
 PyTorch loop share. Nothing here imports Ray.
 
+    iteration.py   one iteration, step by step: score -> credit -> token batch -> update
+                   (the calls every trainer makes after sampling)
     chat.py        the conversation as token chunks in the model's own chat template
     generation.py  samplers: many prompts in, one continuation with log-probs each out
                    (``TorchSampler`` with a KV-cached session; vLLM's engine host, ``vllm_host``, and its environment, ``vllm_runtime``)
@@ -10,7 +12,6 @@ PyTorch loop share. Nothing here imports Ray.
     prefix.py      prefix sharing: a group's common prompt computed once
     lm.py          the causal LM: loading (dropout off), LoRA, backbone and head, log-probs
     loss.py        the GRPO loss, on one screen
-    gradients.py   one minibatch's gradient, micro-batch by micro-batch
     models.py      where weights come from: a local directory, the SmolLM2 alias, a tiny
                    random model for tests
     sft.py         the supervised warm start on demonstrations

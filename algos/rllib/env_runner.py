@@ -29,6 +29,7 @@ from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 from draco_gym.types import RolloutGroup, Trajectory
 
 from draco_gym.algos.memory import release_freed_memory
+from draco_gym.algos.policy import iteration
 from draco_gym.algos.policy.chat import ChatFormat, eos_token_ids
 from draco_gym.algos.policy.rollout import Episode, run_episodes
 from draco_gym.algos.policy.streaming import GroupScorer, GroupWatch, uses_policy_judge
@@ -221,12 +222,11 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         t0 = time.perf_counter()
         streamed, self._streamed = self._streamed, None
         if streamed is not None and streamed[0] == [group.task_id for group in groups]:
-            scores = streamed[1].results()
+            scored = [group.with_score(score) for group, score in zip(groups, streamed[1].results())]
         else:
             if streamed is not None:
                 streamed[1].close()
-            scores = [self.reward.score_group(group.task, group.trajectories) for group in groups]
-        scored = [group.with_score(score) for group, score in zip(groups, scores)]
+            scored = iteration.score(groups, self.reward)  # the iteration's score step
         return {"groups": scored, "seconds": time.perf_counter() - t0}
 
     def _drop_streamed(self) -> None:

@@ -52,10 +52,11 @@ from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, LEARNER_RESULTS, NUM_EN
 from ray.tune.result import TRAINING_ITERATION
 
 from draco_gym.algos.checkpoints import install, require_complete, resume_point, seal, staging_dir
-from draco_gym.algos.policy.batch import shard_rows, token_batch
+from draco_gym.algos.policy import iteration
+from draco_gym.algos.policy.batch import shard_rows
 from draco_gym.algos.config import ConfigError, RunConfig, draft_run
 from draco_gym.algos.credit import Need, credit_spec, get_credit_rule
-from draco_gym.algos.credit.apply import CreditedBatch, apply_credit
+from draco_gym.algos.credit.apply import CreditedBatch
 from draco_gym.algos.rllib.env_runner import RESTORED, LLMEnvRunner, env_source
 from draco_gym.algos.rllib.learner import GRPOTorchLearner
 from draco_gym.algos.policy.models import adapter_base, check_adapter_base, model_location, resolve_model
@@ -400,7 +401,7 @@ class GRPO(Algorithm):
             judge_s = scored["judge"]
         self._stop_on_dead_judge(groups)
         with _timed(timers, "credit"):
-            batch = apply_credit(groups, self.credit_rule())
+            batch = iteration.credit(groups, self.credit_rule())
         with _timed(timers, "learner"):
             self.update(batch)
         if not pipelined:
@@ -576,10 +577,9 @@ class GRPO(Algorithm):
         """One learner step per minibatch of trajectories, ``num_epochs`` times, over the
         trajectories the loss takes (``CreditedBatch.learned``: no ``env_error`` episode)."""
         optim = self.config.run.optim
-        trajectories, advantages = batch.learned()
-        if not trajectories:  # every group was skipped: nothing to learn from this iteration
+        arrays = iteration.to_batch(batch, pad_id=0)
+        if arrays is None:  # every group was skipped: nothing to learn from this iteration
             return
-        arrays = token_batch(trajectories, advantages, pad_id=0)
         # (one_step: the drawing policy is an update behind the learner; only the sampler has its log-probs)
         default = self.config.run.policy.sampler == "vllm" and self.config.run.rollout.pipeline == "off"
         if optim.recompute_old_logprobs or (optim.recompute_old_logprobs is None and default):
@@ -589,7 +589,7 @@ class GRPO(Algorithm):
             learner_logp = first.get() if hasattr(first, "get") else first
             self._log_sampler_agreement(arrays, learner_logp)
             arrays["old_logp"] = learner_logp
-        n = len(trajectories)
+        n = len(arrays["input_ids"])
         size = self.config.minibatch_size or n
         n_learners = len(self.learner_group)  # 0: the local learner
         results = []

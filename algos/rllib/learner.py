@@ -1,9 +1,9 @@
 """The GRPO learner: RLlib's ``TorchLearner`` with gradient accumulation over micro-batches.
 
 RLlib calls ``_update`` once per minibatch (one optimizer step). The minibatch's gradient is
-accumulated micro-batch by micro-batch, each shared prefix computed once
-(``draco_gym.algos.policy.gradients``), then clipped (``grad_clip``, global norm) and AdamW
-steps once. Prefix sharing is on by default; the ``optim.share_prefix`` knob
+the iteration's own step (``draco_gym.algos.policy.iteration.accumulate_gradients``:
+micro-batch by micro-batch, each shared prefix computed once); RLlib's learner then clips it
+(``grad_clip``, global norm) and AdamW steps once. Prefix sharing is on by default; the ``optim.share_prefix`` knob
 (``.training(share_prefix=False)``) turns it off, and a model whose attention cannot take a
 shared prefix falls back to the unshared path with a logged reason.
 
@@ -23,8 +23,7 @@ import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 
 from draco_gym.algos.memory import release_freed_memory
-from draco_gym.algos.policy.gradients import STAT_KEYS, accumulate_gradients, recompute_logprobs
-from draco_gym.algos.policy.loss import grpo_loss
+from draco_gym.algos.policy import iteration
 
 
 def _world():
@@ -47,11 +46,10 @@ class GRPOTorchLearner(TorchLearner):
         self.register_optimizer(module_id=module_id, optimizer=optimizer, params=params, lr_or_lr_schedule=config.lr)
 
     def compute_loss_for_module(self, *, module_id, config, batch, fwd_out):
-        """The loss of one (micro-)batch on its own, token-mean over its policy tokens."""
-        mask = batch["policy_mask"][:, 1:].bool()
-        loss, _ = grpo_loss(fwd_out["logp"], batch["old_logp"][:, 1:][mask], fwd_out.get("ref_logp"),
-                            batch["advantages"][:, 1:][mask], int(mask.sum()), config.run.optim)
-        return loss
+        # RLlib's abstract hook, called only by the ``_update`` replaced below: the loss is
+        # taken inside the iteration's gradient step (``iteration.accumulate_gradients``).
+        raise NotImplementedError("GRPOTorchLearner takes its loss in draco_gym.algos.policy.iteration."
+                                  "accumulate_gradients, called from _update")
 
     def _update(self, batch, **kwargs):
         """One optimizer step on one minibatch, accumulated over micro-batches."""
@@ -65,14 +63,15 @@ class GRPOTorchLearner(TorchLearner):
             # (on the learner's device: NCCL reduces only GPU tensors)
             total = own if world is None else int(_all_sum(world, torch.tensor([own], dtype=torch.float64,
                                                                                device=self._device))[0])
-            losses[module_id], totals, n_tokens, fwd_last = accumulate_gradients(
-                self.module[module_id], mb, config.run.optim, config.run.optim.micro_batch_tokens,
-                config.run.optim.share_prefix, n_tokens=total)
+            step = iteration.accumulate_gradients(self.module[module_id], mb, config.run.optim,
+                                                  config.run.optim.micro_batch_tokens, config.run.optim.share_prefix,
+                                                  n_tokens=total)
+            losses[module_id], totals, n_tokens, fwd_last = step.loss, step.stats, step.policy_tokens, step.last_forward
             if world is not None:  # every learner logs the whole minibatch's loss and stats
-                summed = _all_sum(world, torch.tensor([float(losses[module_id])] + [totals.get(k, 0.0) for k in STAT_KEYS],
-                                                      dtype=torch.float64, device=self._device)).cpu()
+                sums = [float(losses[module_id])] + [totals.get(k, 0.0) for k in iteration.STAT_KEYS]
+                summed = _all_sum(world, torch.tensor(sums, dtype=torch.float64, device=self._device)).cpu()
                 losses[module_id] = summed[0].float()
-                totals = dict(zip(STAT_KEYS, summed[1:].tolist()))
+                totals = dict(zip(iteration.STAT_KEYS, summed[1:].tolist()))
             for k, v in totals.items():
                 self.metrics.log_value((module_id, k), v, window=1)
             self.metrics.log_value((module_id, "policy_tokens"), n_tokens, reduce="sum")
@@ -103,7 +102,8 @@ class GRPOTorchLearner(TorchLearner):
         config = self.config.get_config_for_module(module_id)
         device = next(module.parameters()).device
         tensors = {k: torch.as_tensor(v).to(device) for k, v in batch.items()}
-        out = recompute_logprobs(module, tensors, config.run.optim.micro_batch_tokens, config.run.optim.share_prefix)
+        optim = config.run.optim
+        out = iteration.recompute_logprobs(module, tensors, optim.micro_batch_tokens, optim.share_prefix)
         return out.to(tensors["old_logp"].dtype).numpy()
 
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 import torch
 from ray.rllib.core.rl_module.torch import TorchRLModule
 
-from draco_gym.algos.policy.lm import add_lora, load_causal_lm, token_logprobs
-from draco_gym.algos.policy.prefix import SharedPrefix, sharing_unsupported
+from draco_gym.algos.policy.iteration import LoRAPolicy
+from draco_gym.algos.policy.lm import add_lora, load_causal_lm
+from draco_gym.algos.policy.prefix import SharedPrefix
 
 
 class HFPolicyModule(TorchRLModule):
@@ -50,37 +51,18 @@ class HFPolicyModule(TorchRLModule):
                 if getattr(m, "gradient_checkpointing", False):
                     m._can_checkpoint_with_cache = True
         self.lm.eval()  # dropout is already 0; eval() also keeps it off if train() is called
+        self.policy = LoRAPolicy(self.lm, self.temperature)
 
-    # -- RLlib forward passes -------------------------------------------------------------
+    # -- RLlib forward passes: the framework-neutral policy's (``policy.iteration.LoRAPolicy``) --
 
     def _forward_train(self, batch: dict, **kwargs) -> dict:
-        """Current and reference log-probs of the policy tokens of ``batch``. With
-        ``prefix`` / ``ref_prefix`` (from ``encode_prefix``), every row begins with that
-        prefix and only the continuations are computed here."""
-        args = (batch["input_ids"].long(), batch["attention_mask"].long(), batch["policy_mask"])
-        out = {"logp": token_logprobs(self.lm, *args, temperature=self.temperature, prefix=kwargs.get("prefix"))}
-        if kwargs.get("with_reference", True):
-            with torch.no_grad(), self.lm.disable_adapter():
-                out["ref_logp"] = token_logprobs(self.lm, *args, temperature=self.temperature,
-                                                 prefix=kwargs.get("ref_prefix"))
-        return out
-
-    # -- prefix sharing (see draco_gym.algos.policy.prefix) -----------------------------------------
+        return self.policy.forward_train(batch, **kwargs)
 
     def prefix_sharing(self) -> str | None:
-        """None when this model's attention can take a shared prefix, else why not
-        (checked once)."""
-        if not hasattr(self, "_sharing_unsupported"):
-            self._sharing_unsupported = sharing_unsupported(self.lm)
-        return self._sharing_unsupported
+        return self.policy.prefix_sharing()
 
     def encode_prefix(self, prefix_ids, *, reference: bool = False) -> SharedPrefix:
-        """The prefix computed once under the current policy (with gradient when enabled) or,
-        with ``reference``, under the base model (adapter off, no gradient)."""
-        if reference:
-            with torch.no_grad(), self.lm.disable_adapter():
-                return SharedPrefix(self.lm, prefix_ids, grad=False)
-        return SharedPrefix(self.lm, prefix_ids, grad=torch.is_grad_enabled())
+        return self.policy.encode_prefix(prefix_ids, reference=reference)
 
     def _forward(self, batch: dict, **kwargs) -> dict:
         raise NotImplementedError("the env runner samples with draco_gym.algos.policy.generation, not forward()")
