@@ -26,7 +26,6 @@ import base64
 import gzip
 import hashlib
 import json
-import math
 import os
 import re
 import sys
@@ -296,14 +295,10 @@ def summarise_group(group: _Group, gid: int, source: str, limits: Limits) -> tup
     for i, a_i in zip(kept, group_advantages([rewards[i] for i in kept])):
         advantages[i] = a_i
     summary_rows, detail_rows = [], []
-    inert = nonzero = 0
     for (line, record), r_i, a_i in zip(group.rows, rewards, advantages):
         traj, score = record.trajectory, record.score
         steps, verdicts = traj.steps, score.verdicts if score else []
         step_adv = [finite_number(a) for a in record.step_advantages or []]  # None where not finite
-        if a_i != 0 and step_adv and None not in step_adv:
-            nonzero += 1
-            inert += all(math.isclose(a, a_i, rel_tol=1e-6, abs_tol=1e-9) for a in step_adv)
         where = f"{source} line {line}"
         matrix: list[int | None] = [None] * len(criteria)
         for v in verdicts:
@@ -331,7 +326,7 @@ def summarise_group(group: _Group, gid: int, source: str, limits: Limits) -> tup
     if summary["dis"] and not any(advantages):
         summary["dis"].append("every rollout has A_i = 0 (the rewards tie): the group teaches nothing either way")
     detail = {"instruction": instruction, "rollouts": detail_rows}
-    derived = {"inert": inert, "nonzero": nonzero, "fb_stages": Counter(_fallback_stage(f) for f in fallbacks),
+    derived = {"fb_stages": Counter(_fallback_stage(f) for f in fallbacks),
                "before": len(criteria) + len(dropped), "after": len(criteria)}
     return summary, detail, derived
 
@@ -503,11 +498,9 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, limits: 
             groups.append(summary)
             chunks.append(_pack(detail))
             agg = per_iteration.setdefault(group.iteration, {"R": [], "ok": [], "p": 0, "f": 0, "before": [], "after": [],
-                                                             "inert": 0, "nonzero": 0, "unanimous": 0,
                                                              "fb": Counter(), "term": Counter()})
             for r in summary["roll"]:
                 agg["R"].append(r["R"])
-                agg["unanimous"] += r["p"] == 0 or r["f"] == 0
                 agg["p"] += r["p"]
                 agg["f"] += r["f"]
                 agg["term"][r["term"]] += 1
@@ -515,8 +508,6 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, limits: 
                     agg["ok"].append(float(r["ok"]))
             agg["before"].append(derived["before"])
             agg["after"].append(derived["after"])
-            agg["inert"] += derived["inert"]
-            agg["nonzero"] += derived["nonzero"]
             agg["fb"].update(derived["fb_stages"])
 
     # Rollouts count iterations from 0 (the trainer's count before the step), metrics.jsonl
@@ -563,7 +554,10 @@ def _more_rollouts_than_episodes(rows: list[dict], rollouts: dict[int, int]) -> 
 
 
 def _derived_series(per_iteration: dict[int, dict]) -> dict:
-    """Run-level series computed from rollouts.jsonl itself, for runs whose metrics lack them."""
+    """Run-level series computed from rollouts.jsonl itself, for runs whose metrics lack them.
+    Credit's measures (the inert shares, uncredited citations) are not among them: the
+    trainer's ``CreditedBatch`` computes them, against each rule's own base, and the report
+    reads them from metrics.jsonl only."""
     its = sorted(per_iteration)
     out: dict[str, Any] = {"x": its}
 
@@ -576,9 +570,6 @@ def _derived_series(per_iteration: dict[int, dict]) -> dict:
     out["env_success"] = [mean(a["ok"]) for a in aggs]
     out["criteria_before"] = [mean(a["before"]) for a in aggs]
     out["criteria_after"] = [mean(a["after"]) for a in aggs]
-    out["inert_share"] = [a["inert"] / a["nonzero"] if a["nonzero"] else None for a in aggs]
-    # the paper's inert rollout: its verdicts unanimous (all PASS, all FAIL, or none)
-    out["paper_inert_share"] = [a["unanimous"] / len(a["R"]) if a["R"] else None for a in aggs]
     modes = sorted({m for a in aggs for m in a["term"]})
     out["termination"] = {m: [a["term"][m] / max(sum(a["term"].values()), 1) for a in aggs] for m in modes}
     stages = sorted({s for a in aggs for s in a["fb"]})

@@ -331,9 +331,8 @@ def test_renamed_metrics_are_found_under_a_prefix_and_missing_ones_are_derived(t
     assert derived["pass_rate"][1] == pytest.approx(4 / 8)
     assert derived["criteria_before"] == [3, 3] and derived["criteria_after"] == [2.5, 2]
     assert derived["fallbacks"] == {"augment": [0, 1]}
-    # the paper's inert share: the second iteration's verdict pairs (1, 1) (1, -1) (-1, -1)
-    # (-1, 1) are unanimous twice in four
-    assert derived["paper_inert_share"][1] == 0.5
+    # credit's measures come from the trainer's CreditedBatch (metrics.jsonl) only, never recomputed
+    assert not {"inert_share", "paper_inert_share", "uncredited_citations"} & set(derived)
 
 
 def test_bad_run_directories_are_named_in_the_error(tmp_path, capsys):
