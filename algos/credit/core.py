@@ -1,4 +1,5 @@
-"""What every credit rule shares: group advantages, which turns are credit steps, steps to tokens.
+"""What every credit rule shares: group advantages, which turns are credit steps (and the
+wrapper that runs every rule over them, ``CheckedRule``), steps to tokens.
 
 Pure Python and numpy. A rule maps (a group's trajectories, its scores, the group
 advantages A_i) to one advantage per step of each trajectory (``CreditRule``); each rule
@@ -32,6 +33,7 @@ from typing import Literal, Protocol, get_args
 
 import numpy as np
 
+from draco_gym.algos.credit.spec import RuleOptions
 from draco_gym.metrics import group_advantages as group_advantages  # re-exported: the report uses the same A_i
 from draco_gym.types import GAP, GroupScore, Trajectory, TrajectoryScore
 
@@ -158,6 +160,64 @@ def from_credit_steps(step_advantages: Sequence[float], owners: Sequence[int | N
     if len(step_advantages) != len(owners):
         raise ValueError(f"the rule gave {len(step_advantages)} step advantages for {len(owners)} steps")
     return [float(advantage) if owner is None else float(step_advantages[owner - 1]) for owner in owners]
+
+
+# -- every rule, over credit steps -------------------------------------------------------
+
+
+def check_group(trajectories: Sequence[Trajectory], group: GroupScore, advantages: Sequence[float], *,
+                reads_scores: bool) -> None:
+    sizes = {"trajectories": len(trajectories), "advantages": len(advantages)}
+    if reads_scores or group.scores:
+        sizes["scores"] = len(group.scores)
+    if len(set(sizes.values())) > 1:
+        raise ValueError("group sizes differ: " + ", ".join(f"{n} {what}" for what, n in sizes.items()))
+
+
+class CheckedRule:
+    """A rule that checks its group and runs over credit steps only (``get_credit_rule`` wraps
+    every rule in one): a rule sees turns without code with no tokens and no citations of
+    their own (``credit_view``), and their tokens then get what ``turns_without_code`` says.
+    Any other attribute is the rule's own (ProVer's ``stats`` and ``last``)."""
+
+    def __init__(self, rule: CreditRule, reads_scores: bool, turns_without_code: str = "trajectory",
+                 options: RuleOptions | None = None) -> None:
+        self.rule = rule
+        self.reads_scores = reads_scores
+        self.options = options
+        self.turns_without_code = turns_without_code
+        if turns_without_code not in TURNS_WITHOUT_CODE:
+            raise ValueError(f"turns_without_code must be one of {TURNS_WITHOUT_CODE}, got {turns_without_code!r}")
+
+    def __call__(self, trajectories, group, advantages) -> list[list[float]]:
+        check_group(trajectories, group, advantages, reads_scores=self.reads_scores)
+        owners = [credit_owners(t, self.turns_without_code) for t in trajectories]
+        scores = list(group.scores) or [None] * len(trajectories)
+        views = [credit_view(t, s, o) for t, s, o in zip(trajectories, scores, owners)]
+        if group.scores:
+            group = group.model_copy(update={"scores": [score for _, score in views]})
+        per_step = self.rule([traj for traj, _ in views], group, advantages)
+        base = self.base_advantages(trajectories, group, advantages)
+        if self.turns_without_code == "gap":  # a turn in no step is a gap: no credit
+            base = [0.0] * len(trajectories)
+        return [from_credit_steps(a_steps, o, a) for a_steps, o, a in zip(per_step, owners, base)]
+
+    def base_advantages(self, trajectories: Sequence[Trajectory], group: GroupScore,
+                        advantages: Sequence[float]) -> list[float]:
+        """The A_i the rule builds on: its own where it has one (TRCA's and ProVer's: the
+        outcome's, ``episode_advantages``), else the group's ``advantages``. What the tokens of
+        a turn without code get, and what the inert share compares against."""
+        episode = getattr(self.rule, "episode_advantages", None)
+        return [float(a) for a in (episode(trajectories, group, advantages) if episode is not None else advantages)]
+
+    def uncredited_citations(self, trajectories: Sequence[Trajectory], group: GroupScore) -> int:
+        """Citations in ``group`` of turns without code that reach no credit step."""
+        scores = list(group.scores) or [None] * len(trajectories)
+        return sum(uncredited_citations(t, s, credit_owners(t, self.turns_without_code))
+                   for t, s in zip(trajectories, scores))
+
+    def __getattr__(self, name: str):
+        return getattr(self.rule, name)
 
 
 # -- steps to tokens -----------------------------------------------------------------------

@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from draco_gym.algos.credit.core import CreditRule, check_counts, check_finite
 from draco_gym.algos.credit.registry import credit_rule
 from draco_gym.algos.credit.spec import Need, RuleOptions
-from draco_gym.algos.credit.uniform import uniform_credit
 
 
 def step_quality(step_passes: Sequence[int], step_fails: Sequence[int]) -> list[float | None]:
@@ -58,7 +57,7 @@ def draco_credit(
     quality = step_quality(check_counts(step_passes, "step_passes", len(n)), check_counts(step_fails, "step_fails", len(n)))
     cited = [q for q in quality if q is not None]
     if not cited:
-        return uniform_credit(advantage, n)
+        return [advantage] * len(n)  # uniform credit, a_j = A_i
     q_bar = sum(cited) / len(cited)
     q = [q_bar if qj is None else qj for qj in quality]
     w = [qj if advantage >= 0 else 1.0 - qj for qj in q]
@@ -67,7 +66,7 @@ def draco_credit(
         raise ValueError("step_tokens are all 0: set Step.n_tokens from the policy tokenizer before credit")
     weight_sum = sum(wj for wj, nj in zip(w, n) if nj > 0)
     if weight_sum <= 0:
-        return uniform_credit(advantage, n)
+        return [advantage] * len(n)  # uniform credit
     return [advantage * total_tokens * wj / (nj * weight_sum) if nj > 0 else 0.0 for wj, nj in zip(w, n)]
 
 
