@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import draco_gym  # noqa: F401
-from draco_gym.algos.policy.batch import micro_batches, token_batch
+from draco_gym.algos.policy.iteration import token_batch
+from draco_gym.algos.policy.prefix import micro_batches
 from draco_gym.algos.policy.chat import ChatFormat
 from draco_gym.algos.credit import apply_credit, get_credit_rule
 from draco_gym.algos.policy.generation import Sample, TorchSampler

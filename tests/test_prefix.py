@@ -16,15 +16,15 @@ import pytest
 import torch
 
 import draco_gym  # noqa: F401
-from draco_gym.algos.policy import batch as batch_mod
+from draco_gym.algos.policy import prefix as batch_mod
 from draco_gym.algos.policy import generation as generation_mod
-from draco_gym.algos.policy.batch import prefix_micro_batches, token_batch
+from draco_gym.algos.policy.iteration import token_batch
 from draco_gym.algos.policy.chat import ChatFormat
 from draco_gym.algos.policy.generation import Sample, TorchSampler
 from draco_gym.algos.policy.iteration import accumulate_gradients, recompute_logprobs
 from draco_gym.algos.config import LossConfig
 from draco_gym.algos.rllib.module import HFPolicyModule
-from draco_gym.algos.policy.prefix import PrefixGroup, SharedPrefix, prefix_groups, sharing_unsupported
+from draco_gym.algos.policy.prefix import PrefixGroup, SharedPrefix, prefix_groups, prefix_micro_batches, sharing_unsupported
 from draco_gym.algos.policy.rollout import Episode, EpisodeLimits, run_episodes
 from draco_gym.types import GAP
 

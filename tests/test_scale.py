@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray")
 
 from grpo_fixtures import ParityReward  # noqa: E402  (shipped to the actors by value there)
 
-from draco_gym.algos.policy.batch import shard_rows  # noqa: E402
+from draco_gym.algos.rllib.grpo import shard_rows  # noqa: E402
 from draco_gym.algos.credit.apply import apply_credit  # noqa: E402
 from draco_gym.algos.rllib.env_runner import weights_digest  # noqa: E402
 from draco_gym.algos.rllib.grpo import GRPOConfig  # noqa: E402

@@ -8,8 +8,8 @@ PyTorch loop share. Nothing here imports Ray.
                    (``TorchSampler`` with a KV-cached session; vLLM's engine host, ``vllm_host``, and its environment, ``vllm_runtime``)
     rollout.py     the multi-turn loop: many episodes in lockstep, one sampling call a turn
     tokens.py      token bookkeeping for trajectories from your own loop
-    batch.py       scored trajectories -> the learner's padded batch -> micro-batches
-    prefix.py      prefix sharing: a group's common prompt computed once
+    prefix.py      prefix sharing: a group's common prompt computed once; the learner's
+                   micro-batches by shared prefix
     lm.py          the causal LM: loading (dropout off), LoRA, backbone and head, log-probs
     loss.py        the GRPO loss, on one screen
     models.py      where weights come from: a local directory, the SmolLM2 alias, a tiny
@@ -17,6 +17,6 @@ PyTorch loop share. Nothing here imports Ray.
     sft.py         the supervised warm start on demonstrations
     self_judge.py  the policy judging its own rollouts (``judge: policy``)
 
-torch and transformers are imported where they are used, so ``tokens``, ``batch`` and
-``prefix`` import without them.
+torch and transformers are imported where they are used, so ``tokens`` and ``prefix``
+import without them.
 """

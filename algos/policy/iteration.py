@@ -37,11 +37,10 @@ import torch
 from draco_gym.algos.config import LossConfig
 from draco_gym.algos.credit.apply import CreditedBatch, apply_credit
 from draco_gym.algos.credit.core import CreditRule
-from draco_gym.algos.policy.batch import prefix_micro_batches, token_batch
 from draco_gym.algos.policy.lm import token_logprobs
 from draco_gym.algos.policy.loss import grpo_loss
-from draco_gym.algos.policy.prefix import SharedPrefix, sharing_unsupported
-from draco_gym.types import RolloutGroup
+from draco_gym.algos.policy.prefix import SharedPrefix, prefix_micro_batches, sharing_unsupported
+from draco_gym.types import GAP, RolloutGroup, Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -73,13 +72,46 @@ def credit(groups: Sequence[RolloutGroup], rule: CreditRule,
 # -- batch ---------------------------------------------------------------------------------
 
 class TokenBatch(TypedDict):
-    """Numpy arrays [rows, longest], one right-padded row per trajectory (``batch.token_batch``)."""
+    """Numpy arrays [rows, longest], one right-padded row per trajectory (``token_batch``)."""
 
     input_ids: np.ndarray       # the tokens the policy saw and sampled
     attention_mask: np.ndarray  # 1 on tokens, 0 on padding
     policy_mask: np.ndarray     # 1 on step tokens (the loss is taken there), 0 on gap tokens and padding
     advantages: np.ndarray      # a_j of the token's step, 0 on gap tokens
     old_logp: np.ndarray        # the sampling log-probs
+
+
+def token_batch(trajectories: Sequence[Trajectory], advantages: Sequence[Sequence[float]], pad_id: int,
+                require_logprobs: bool = True) -> TokenBatch:
+    """Numpy arrays [rows, longest]. ``advantages[i]`` is per token of trajectory i. Without
+    ``require_logprobs`` a trajectory without sampling log-probs gets zeros in ``old_logp``."""
+    if len(trajectories) != len(advantages):
+        raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantage rows")
+    if not trajectories:
+        raise ValueError("no trajectories to train on")
+    width = max(len(t.token_ids) for t in trajectories)
+    rows = len(trajectories)
+    out = {
+        "input_ids": np.full((rows, width), pad_id, np.int64),
+        "attention_mask": np.zeros((rows, width), np.int64),
+        "policy_mask": np.zeros((rows, width), np.float32),
+        "advantages": np.zeros((rows, width), np.float32),
+        "old_logp": np.zeros((rows, width), np.float32),
+    }
+    for i, (traj, adv) in enumerate(zip(trajectories, advantages)):
+        n = len(traj.token_ids)
+        if len(adv) != n:
+            raise ValueError(f"trajectory {i}: {len(adv)} token advantages for {n} tokens")
+        if len(traj.token_logprobs) != n and (require_logprobs or traj.token_logprobs):
+            raise ValueError(f"trajectory {i} has no sampling log-probs (token_logprobs)")
+        out["input_ids"][i, :n] = traj.token_ids
+        out["attention_mask"][i, :n] = 1
+        out["policy_mask"][i, :n] = np.asarray(traj.token_step) != GAP
+        out["advantages"][i, :n] = adv
+        if traj.token_logprobs:
+            out["old_logp"][i, :n] = traj.token_logprobs
+    out["policy_mask"][:, 0] = 0.0  # nothing predicts the first token
+    return out
 
 
 def to_batch(credited: CreditedBatch, pad_id: int) -> TokenBatch | None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from draco_gym.algos.policy.lm import cache_argument, decoder_and_head, token_logprobs
 
@@ -246,3 +247,69 @@ def _probe(lm) -> str | None:
     if gap > tol:
         return f"shared-prefix log-probs differ from unshared ones by {gap:.2e} on a probe"
     return None
+
+
+# -- the learner's micro-batches, by shared prefix -------------------------------------------
+
+# The arrays of a token batch (``iteration.TokenBatch``), [rows, width] each.
+BATCH_KEYS = ("input_ids", "attention_mask", "policy_mask", "advantages", "old_logp")
+
+
+def micro_batches(batch: dict, token_budget: int) -> list[dict]:
+    """Split a minibatch (tensors [rows, width]) into micro-batches of at most
+    ``token_budget`` padded tokens (at least one row each), rows grouped by length so little
+    is padding, each trimmed to its own longest row."""
+    lengths = [int(n) for n in batch["attention_mask"].sum(-1)]
+    return [_take(batch, rows, lengths) for rows in _pack(lengths, range(len(lengths)), token_budget, 0)]
+
+
+@dataclass
+class PrefixUnit:
+    """Rows the learner computes together: the token ids their shared prefix holds (None
+    when they share none) and their micro-batches (full rows, prefix included), with the
+    minibatch row indices each micro-batch holds."""
+
+    prefix: Any | None
+    micro: list[dict]
+    rows: list[list[int]]
+
+
+def prefix_micro_batches(batch: dict, token_budget: int, share: bool = True) -> list[PrefixUnit]:
+    """Split a minibatch by shared prefix (``prefix.prefix_groups``), then into micro-batches.
+
+    A group's prefix is computed once for all its micro-batches, so the budget counts only
+    what runs per micro-batch: the rows' tokens after the prefix. Rows that share nothing
+    (or all rows, without ``share``) form one unit split as ``micro_batches`` does."""
+    lengths = [int(n) for n in batch["attention_mask"].sum(-1)]
+    if share:
+        groups = prefix_groups([batch["input_ids"][i, :n].tolist() for i, n in enumerate(lengths)])
+    else:
+        groups = []
+    shared = [g for g in groups if g.length > 0]
+    alone = sorted(set(range(len(lengths))) - {r for g in shared for r in g.rows})
+    units = []
+    if alone:
+        packs = _pack(lengths, alone, token_budget, 0)
+        units.append(PrefixUnit(None, [_take(batch, rows, lengths) for rows in packs], packs))
+    for g in shared:
+        packs = _pack(lengths, g.rows, token_budget, g.length)
+        units.append(PrefixUnit(batch["input_ids"][g.rows[0], : g.length],
+                                [_take(batch, rows, lengths) for rows in packs], packs))
+    return units
+
+
+def _pack(lengths: Sequence[int], rows: Sequence[int], token_budget: int, skip: int) -> list[list[int]]:
+    """Rows grouped by length into packs of at most ``token_budget`` padded tokens after the
+    first ``skip`` (at least one row each)."""
+    packs: list[list[int]] = [[]]
+    for i in sorted(rows, key=lambda i: lengths[i]):
+        width = max([lengths[j] for j in packs[-1]] + [lengths[i]]) - skip
+        if packs[-1] and width * (len(packs[-1]) + 1) > token_budget:
+            packs.append([])
+        packs[-1].append(i)
+    return packs
+
+
+def _take(batch: dict, rows: list[int], lengths: Sequence[int]) -> dict:
+    width = max(lengths[j] for j in rows)
+    return {k: batch[k][rows, :width] for k in BATCH_KEYS}

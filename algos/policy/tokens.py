@@ -22,7 +22,6 @@ from collections.abc import Sequence
 
 from draco_gym.types import GAP, Trajectory
 
-from draco_gym.algos.policy.batch import token_batch
 from draco_gym.algos.policy.chat import ChatFormat
 
 
@@ -56,7 +55,7 @@ def attach_tokens(trajectory: Trajectory, tokenizer, *, max_prompt_tokens: int |
 def pad_token_advantages(trajectories: Sequence[Trajectory], token_advantages: Sequence[Sequence[float]],
                          pad_id: int = 0) -> dict:
     """Numpy arrays ``[B, T]`` (T: the longest trajectory) for a plain PyTorch loop, the
-    trainer's own batch layout (``algos/policy/batch.py``), right-padded:
+    trainer's own batch layout (``iteration.token_batch``), right-padded:
 
     - ``input_ids`` (pad: ``pad_id``), ``attention_mask`` (1 on real tokens),
     - ``policy_mask``: 1 on step tokens, where the loss is taken (0 on gap tokens, padding and
@@ -64,6 +63,8 @@ def pad_token_advantages(trajectories: Sequence[Trajectory], token_advantages: S
     - ``advantages``: ``token_advantages[i]`` per token (``credit.token_advantages``), 0 on padding,
     - ``old_logp``: the sampling log-probs, present only when every trajectory has them.
     """
+    from draco_gym.algos.policy.iteration import token_batch  # (imports torch: on call, not on import)
+
     batch = token_batch(trajectories, token_advantages, pad_id=pad_id, require_logprobs=False)
     if not all(t.token_logprobs for t in trajectories):
         del batch["old_logp"]

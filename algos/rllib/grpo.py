@@ -53,7 +53,6 @@ from ray.tune.result import TRAINING_ITERATION
 
 from draco_gym.algos.checkpoints import install, require_complete, resume_point, seal, staging_dir
 from draco_gym.algos.policy import iteration
-from draco_gym.algos.policy.batch import shard_rows
 from draco_gym.algos.config import ConfigError, RunConfig, draft_run
 from draco_gym.algos.credit import Need, credit_spec, get_credit_rule
 from draco_gym.algos.credit.apply import CreditedBatch
@@ -830,6 +829,21 @@ def _tune_checkpoint_dir(storage) -> Path | None:
     if not isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem):
         return None
     return Path(storage.trial_fs_path) / StorageContext._make_checkpoint_dir_name(storage.current_checkpoint_index + 1)
+
+
+def shard_rows(batch: dict, n: int) -> list[dict]:
+    """A minibatch (numpy arrays [rows, width]) cut into ``n`` shards of consecutive rows,
+    one per learner, as even as the rows allow. A learner left without rows still takes
+    part in the gradient all-reduce: its shard is one padding token with no policy token."""
+    shards = []
+    for rows in np.array_split(np.arange(len(batch["input_ids"])), n):
+        if len(rows):
+            shards.append({k: v[rows] for k, v in batch.items()})
+        else:
+            empty = {k: np.zeros((1, 1), v.dtype) for k, v in batch.items()}
+            empty["attention_mask"][:] = 1
+            shards.append(empty)
+    return shards
 
 
 def _module_batch(arrays: dict) -> MultiAgentBatch:

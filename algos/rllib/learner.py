@@ -8,7 +8,7 @@ micro-batch by micro-batch, each shared prefix computed once); RLlib's learner t
 shared prefix falls back to the unshared path with a logged reason.
 
 With ``num_learners > 1`` each remote learner gets its own rows of every minibatch
-(``batch.shard_rows``) and the learners form a torch.distributed group (gloo on CPU, NCCL on
+(``grpo.shard_rows``) and the learners form a torch.distributed group (gloo on CPU, NCCL on
 GPU; Ray Train sets it up). The loss is normalized by the minibatch's policy tokens over all
 learners and the gradients are summed with one all-reduce, so every learner takes the very
 step one learner would take on the whole minibatch. The reduction is explicit rather than
