@@ -10,20 +10,18 @@ no-op audit.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
 import draco_gym  # noqa: F401 - registers the ids
-from draco_gym.envs import os_sandbox
+from sandbox_marks import needs_bwrap
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import appworld_mutations as am  # noqa: E402
 
-pytestmark = pytest.mark.skipif(os_sandbox.bwrap_problem() is not None and not os.environ.get("DRACO_GYM_REQUIRE_BWRAP"),
-                                reason=f"AppWorld runs only under bubblewrap: {os_sandbox.bwrap_problem()}")
+pytestmark = needs_bwrap  # AppWorld runs only under bubblewrap
 
 
 @pytest.fixture(scope="module")

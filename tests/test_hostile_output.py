@@ -14,7 +14,6 @@ and nesting.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -28,7 +27,6 @@ from draco_gym.algos.policy.chat import ChatFormat
 from draco_gym.algos.policy.generation import Sample
 from draco_gym.algos.policy.rollout import Episode, EpisodeLimits, run_episodes
 from draco_gym.algos.rllib.reporting import RolloutLog
-from draco_gym.envs import os_sandbox
 from draco_gym.records import read_records
 from draco_gym.reward import RuleRubricReward, build_reward
 from draco_gym.reward.judges import OpenAIJudge
@@ -37,6 +35,7 @@ from draco_gym.types import RolloutGroup, Termination, Trajectory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from judge_server import JudgeServer, RuleJudge  # noqa: E402
+from sandbox_marks import needs_bwrap  # noqa: E402
 
 LIMITS = EpisodeLimits(max_new_tokens=4096, max_response_tokens=1 << 20)
 
@@ -305,8 +304,7 @@ for answer in sorted(set(answers)):
 username nested ``depth`` lists deep, and prints how many answers came and which."""
 
 
-@pytest.mark.skipif(os_sandbox.bwrap_problem() is not None and not os.environ.get("DRACO_GYM_REQUIRE_BWRAP"),
-                    reason=f"AppWorld runs only under bubblewrap: {os_sandbox.bwrap_problem()}")
+@needs_bwrap  # AppWorld runs only under bubblewrap
 def test_a_relay_line_nested_a_thousand_deep_never_raises_out_of_an_appworld_step():
     """The issue's exploit through ``gym.make("draco_gym/AppWorld-v0")`` in bwrap: the
     agent's code writes relay lines nested deeper and deeper (100 depths a block, from 500

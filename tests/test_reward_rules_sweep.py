@@ -22,7 +22,6 @@ episode then under a second), the slow pass the first task of every family (~80 
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -30,8 +29,8 @@ import gymnasium as gym
 import pytest
 
 import draco_gym  # noqa: F401 - registers the ids
-from draco_gym.envs import os_sandbox
 from rubric_hacks import RANKED_SHARE, sweep
+from sandbox_marks import needs_bwrap
 
 
 def check(misses: list[str], rewards: dict[str, list[float]]) -> None:
@@ -213,11 +212,6 @@ def test_reference_outranks_every_near_miss_on_a_few_tasks(suite):
 def test_reference_outranks_every_near_miss_on_every_task(suite):
     """Every task of every family, under every shipped judge-free reward."""
     sweep_near_misses(suite, played(suite, every=True))
-
-
-needs_bwrap = pytest.mark.skipif(
-    os_sandbox.bwrap_problem() is not None and not os.environ.get("DRACO_GYM_REQUIRE_BWRAP"),
-    reason=f"AppWorld runs only under bubblewrap: {os_sandbox.bwrap_problem()}")
 
 
 @needs_bwrap

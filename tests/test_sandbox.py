@@ -27,13 +27,11 @@ import pytest
 import draco_gym  # noqa: F401 - registers the ids
 from draco_gym.envs import os_sandbox
 from draco_gym.envs.os_sandbox import SandboxUnavailable, SandboxWarning
+from sandbox_marks import needs_bwrap
 
 CANARY = "sk-canary-" + uuid.uuid4().hex[:12]
 CANARY_NAME = "canary-" + uuid.uuid4().hex[:8] + ".txt"
 MODES = ["bwrap", "guard"]
-# CI (.ci/run) sets DRACO_GYM_REQUIRE_BWRAP=1: there the boundary's tests run or fail, never skip.
-needs_bwrap = pytest.mark.skipif(os_sandbox.bwrap_problem() is not None and not os.environ.get("DRACO_GYM_REQUIRE_BWRAP"),
-                                 reason=f"bubblewrap cannot run here: {os_sandbox.bwrap_problem()}")
 
 
 def fence(code: str) -> str:
