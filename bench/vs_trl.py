@@ -256,7 +256,7 @@ def child_trl(args) -> int:
 
         def __call__(self, *a, **k):
             values = super().__call__(*a, **k)
-            figures["rewards"].extend(float(v) for v in values)
+            figures["rewards"].extend(float(v) for v in values if v is not None)
             return values
 
     class StepClock(TrainerCallback):

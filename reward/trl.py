@@ -10,7 +10,9 @@
 TRL calls the function once per batch with ``prompts``, ``completions`` and every dataset
 column as keyword arguments; the ``num_generations`` completions of one prompt are
 adjacent. Adjacent completions of the same prompt form one group, scored together (all
-groups of a batch concurrently); the returned list holds R_i per completion. The verdicts
+groups of a batch concurrently); the returned list holds R_i per completion, None for an
+episode that ended in ``env_error`` (TRL then leaves it out of its group's baseline and
+gives it no advantage: the infrastructure failed it, not the policy). The verdicts
 stay on the object (``last_groups``, ``history``) for step credit or logging.
 
 Conversion: a prompt is a string or a list of chat messages (the system message becomes
@@ -96,7 +98,7 @@ class TRLReward:
         self.last_groups: list[tuple[list[Trajectory], GroupScore]] = []
         self.history: deque[tuple[list[Trajectory], GroupScore]] = deque(maxlen=keep)
 
-    def __call__(self, prompts: list, completions: list, **columns: Any) -> list[float]:
+    def __call__(self, prompts: list, completions: list, **columns: Any) -> list[float | None]:
         if len(prompts) != len(completions):
             raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
         ids = columns.get("task_id")
@@ -122,4 +124,7 @@ class TRLReward:
         scored = self.reward.score_groups(groups)
         self.last_groups = [(members, score) for (_, members), score in zip(groups, scored, strict=True)]
         self.history.extend(self.last_groups)
-        return [r for _, score in self.last_groups for r in score.rewards]
+        # None is TRL's "unscorable": its GRPOTrainer leaves the row out of the group's mean and
+        # std and gives it advantage 0, which is what an episode the infrastructure failed needs
+        return [None if t.termination == Termination.ENV_ERROR else r
+                for members, score in self.last_groups for t, r in zip(members, score.rewards, strict=True)]

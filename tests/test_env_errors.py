@@ -134,3 +134,19 @@ def test_trls_advantages_leave_out_an_env_error_episode():
     assert without_env_errors(trl_own, members, [1.0, 0.0, 0.0]) == pytest.approx([1.0, -1.0, 0.0], abs=1e-5)
     fine = [Trajectory(task=task, termination="submitted") for _ in range(3)]
     assert without_env_errors(trl_own, fine, [1.0, 0.0, 0.0]) == trl_own
+
+
+def test_trls_reward_function_calls_an_env_error_episode_unscorable():
+    """TRLReward returns None for an ``env_error`` row: TRL's own GRPOTrainer (>= 1.16) then
+    leaves it out of its group's mean and std and gives it advantage 0, so plain TRL, not only
+    the credit trainer, learns from the episodes that count."""
+    from draco_gym.reward import TRLReward, build_reward
+
+    members = [Trajectory(task=TASK, steps=[Step(index=1, text="", code="submit(3)")], termination=t,
+                          metrics={"success": ok}) for t, ok in (("submitted", True), ("submitted", False),
+                                                                 ("env_error", True))]
+    reward = TRLReward(build_reward("outcome"), num_generations=3)
+    values = reward(["t"] * 3, [""] * 3, trajectory=members)
+    assert values[2] is None
+    assert values[0] > values[1]
+    assert len(reward.last_groups[0][1].rewards) == 3  # the verdicts behind the row are kept

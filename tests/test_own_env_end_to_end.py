@@ -1,8 +1,8 @@
 """The manual's "Your own environment", end to end (docs/own-environment.md), as written: the example's files are the
 section's blocks verbatim, its Python snippets print what the section says they print, and
 (slow: minutes, the real SmolLM2 policy) its commands run in order in a fresh folder, the
-warm start is checked ready, GRPO raises the held-out success and ``draco-gym eval`` gives the
-train command's after numbers."""
+warm start is checked ready, GRPO raises the held-out success (a paired 95% interval that
+excludes zero) and ``draco-gym eval`` gives the train command's after numbers."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from draco_gym.metrics import difference
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "library"
@@ -88,6 +90,8 @@ def test_the_section_commands_run_as_written_and_grpo_raises_held_out_success(tm
     summary = json.loads((run / "summary.json").read_text())["eval"]
     before, after = summary["before"]["success_rate"]["mean"], summary["after"]["success_rate"]["mean"]
     assert after > before, (before, after)
+    gain = difference(summary["before"]["success_rate"], summary["after"]["success_rate"])
+    assert gain["paired"] == summary["after"]["episodes"] and gain["ci95"][0] > 0, gain
     evaluated = json.loads((run / "eval" / "summary.json").read_text())
     assert evaluated["success_rate"] == after and evaluated["episodes"] == summary["after"]["episodes"]
     assert (run / "report.html").stat().st_size > 10_000

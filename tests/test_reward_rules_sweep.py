@@ -17,7 +17,7 @@ instead of a payment, one record more or fewer, a record the task never named ch
 neighbouring task's solution, completing without acting, a wrong answer) are played through
 ``draco_gym/AppWorld-v0`` in bwrap and held to the same bar: the default pass plays the first
 task of its ``FAST_FAMILIES`` (~30 s on a loaded 2-core CPU: the engine's start is ~20 s, an
-episode then under a second), the slow pass the first task of every family (~80 s).
+episode then under a second), the slow pass every task of every family.
 """
 
 from __future__ import annotations
@@ -154,24 +154,30 @@ def played(suite: str, every: bool) -> list:
     return _PLAYED[(suite, every)]
 
 
-def appworld_played(families: tuple[str, ...] | None) -> list:
-    """The first task of each of ``families`` (every family: None) of the offline AppWorld
-    suite, its reference and near-misses played through ``draco_gym/AppWorld-v0`` in bwrap,
-    once per test session."""
-    if ("appworld", families) not in _PLAYED:
+def appworld_played(families: tuple[str, ...] | None, every: bool = False) -> list:
+    """The tasks of ``families`` (every family: None) of the offline AppWorld suite, the first
+    of each family or ``every`` one, each task's reference and near-misses played through
+    ``draco_gym/AppWorld-v0`` in bwrap, once per test session."""
+    key = ("appworld", families, every)
+    if key not in _PLAYED:
         source = am.offline_source()
-        firsts: dict[str, am.Case] = {}
+        chosen: dict[str, am.Case] = {}
         for case in am.cases(source, list(families) if families else None):
-            firsts.setdefault(case.family, case)
+            chosen.setdefault(case.task_id if every else case.family, case)
         env = am.make_env(source)
         try:
-            _PLAYED[("appworld", families)] = [
+            _PLAYED[key] = [
                 em.play_case(env, em.Case(c.family, c.task_id, am.messages(c.reference),
                                           {name: am.messages(blocks) for name, blocks in c.near_misses.items()}))
-                for c in firsts.values()]
+                for c in chosen.values()]
         finally:
             env.close()
-    return _PLAYED[("appworld", families)]
+    return _PLAYED[key]
+
+
+def every_appworld_task() -> set[str]:
+    source = am.offline_source()
+    return {t for split in source.splits for t in source.task_ids(split)}
 
 
 def unranked(cases: list, name: str, options: dict) -> dict[str, dict[str, float]]:
@@ -226,9 +232,9 @@ def test_appworld_reference_outranks_every_near_miss_on_the_fast_families():
 
 @pytest.mark.slow
 @needs_bwrap
-def test_appworld_reference_outranks_every_near_miss_on_a_task_of_every_family():
-    """The first task of every family of the offline suite, under every shipped judge-free
+def test_appworld_reference_outranks_every_near_miss_on_every_task():
+    """Every task of every family of the offline suite, under every shipped judge-free
     reward."""
-    cases = appworld_played(None)
-    assert len(cases) == 16
+    cases = appworld_played(None, every=True)
+    assert len({c.case.family for c in cases}) == 16 and len(cases) == len(every_appworld_task())
     sweep_near_misses("appworld", cases)
