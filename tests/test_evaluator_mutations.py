@@ -48,3 +48,19 @@ def test_no_near_miss_survives_in_the_shop_and_appworld(capsys):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("evaluator mutations survived: 0 of "), last
     assert code == 0
+
+
+def test_tau_near_misses_are_tried_only_on_tasks_the_default_set_trains_on():
+    """A τ² task that a no-op passes is out of every default train and eval set
+    (``NOOP_PASSING``), so its check is not mutation-tested; every other task with a
+    reference is, and "###STOP### at once" is among its near-misses."""
+    pytest.importorskip("tau2")
+    from draco_gym.envs.tau.backends import NOOP_PASSING
+
+    env = em.tau_env("airline")
+    try:
+        tried = {case.task_id: case for case in em.tau_cases(env.unwrapped)}
+    finally:
+        env.close()
+    assert tried and not set(tried) & set(NOOP_PASSING[("tau2", "airline")]), sorted(tried)
+    assert all("###STOP### at once" in case.near_misses for case in tried.values())
