@@ -263,9 +263,14 @@ FAMILIES: dict[str, Callable[[list[str], dict], dict[str, list[str]]]] = {
 """The action families' own near-misses; the question families get the common ones."""
 
 
+def task_ids(source) -> list[str]:
+    """Every task of the suite, split by split."""
+    return [t for split in source.splits for t in source.task_ids(split)]
+
+
 def cases(source, families: list[str] | None = None) -> Iterator[Case]:
     """Every task of the suite (or of ``families``) with its near-misses."""
-    ids = [t for split in source.splits for t in source.task_ids(split)]
+    ids = task_ids(source)
     by_family: dict[str, list[str]] = defaultdict(list)
     for task_id in ids:
         by_family[task_id.rsplit("_", 1)[0]].append(task_id)
@@ -347,7 +352,7 @@ def noop_passing_tasks(source=None, sandbox: str = "bwrap") -> list[str]:
     source = source or offline_source()
     env = make_env(source, sandbox)
     try:
-        return [t for split in source.splits for t in source.task_ids(split) if play(env, t, []).get("success")]
+        return [t for t in task_ids(source) if play(env, t, []).get("success")]
     finally:
         env.close()
 

@@ -175,11 +175,6 @@ def appworld_played(families: tuple[str, ...] | None, every: bool = False) -> li
     return _PLAYED[key]
 
 
-def every_appworld_task() -> set[str]:
-    source = am.offline_source()
-    return {t for split in source.splits for t in source.task_ids(split)}
-
-
 def unranked(cases: list, name: str, options: dict) -> dict[str, dict[str, float]]:
     """task -> the near-misses the reward ranks at or above the reference, with their reward
     less the reference's (each task's reference and near-misses scored as one group)."""
@@ -236,5 +231,5 @@ def test_appworld_reference_outranks_every_near_miss_on_every_task():
     """Every task of every family of the offline suite, under every shipped judge-free
     reward."""
     cases = appworld_played(None, every=True)
-    assert len({c.case.family for c in cases}) == 16 and len(cases) == len(every_appworld_task())
+    assert len({c.case.family for c in cases}) == 16 and len(cases) == len(am.task_ids(am.offline_source()))
     sweep_near_misses("appworld", cases)
