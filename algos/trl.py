@@ -202,10 +202,12 @@ def _credit_trainer_class():
 
 def without_env_errors(advantages: list[float], members: Sequence[Trajectory], rewards: Sequence[float]) -> list[float]:
     """A group's A_i as TRL computed them, unless an episode of the group ended in
-    ``env_error``: TRL's mean and std then counted an episode the infrastructure failed, so the
-    others' A_i are GRPO's over the episodes that count (``learned_episodes``), as the RLlib
-    trainer computes them; the failed episodes' entries are never read (``apply_credit``
-    leaves them out of the loss)."""
+    ``env_error``: then the others' A_i are GRPO's over the episodes that count
+    (``learned_episodes``), as the RLlib trainer computes them. TRL leaves a failed row out of
+    its mean and std only when every reward function returned None for it (``TRLReward``
+    does; another reward function may score it), and uses its own std; this gives the same
+    A_i either way. The failed episodes' entries are never read (``apply_credit`` leaves them
+    out of the loss)."""
     kept = learned_episodes(t.termination for t in members)
     if len(kept) == len(members):
         return list(advantages)

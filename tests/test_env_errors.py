@@ -122,9 +122,10 @@ def test_the_report_shows_the_advantages_training_used(scored, tmp_path):
 
 
 def test_trls_advantages_leave_out_an_env_error_episode():
-    """TRL normalises over the whole group, the env_error episode included; the credit trainer
-    takes GRPO's A_i over the episodes that count instead (rewards 1, 0 and a failed 0:
-    +1 and -1, not TRL's +1.41 and -0.71), and keeps TRL's own where nothing failed."""
+    """Where TRL normalised over the whole group, the env_error episode included (another
+    reward function scored it), the credit trainer takes GRPO's A_i over the episodes that
+    count instead (rewards 1, 0 and a failed 0: +1 and -1, not +1.41 and -0.71), and keeps
+    TRL's own where nothing failed."""
     from draco_gym.algos.trl import without_env_errors
     from draco_gym.types import Task, Trajectory
 
