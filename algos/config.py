@@ -109,6 +109,11 @@ class RolloutSection(EpisodeLimits):
                            "update behind) while the learner trains on iteration k; the loss's ratio takes the "
                            "drawing policy's log-probs, each rollout records its policy_version. off: each iteration "
                            "samples with the newest weights")
+    dynamic_sampling_rounds: int = Field(
+        0, ge=0, description="DAPO's dynamic sampling: up to this many extra sampling rounds per iteration, each "
+                             "drawing other tasks for the groups that cannot teach (every episode the same outcome; "
+                             "for an environment without one, the same reward), which the first group found that "
+                             "can teach replaces in the batch. 0: off. Not with pipeline: one_step")
 
 
 class NamedSection(_Section):
@@ -404,6 +409,13 @@ class RunConfig(_Section):
             raise ValueError("rollout.pipeline: one_step with optim.recompute_old_logprobs: true: the learner would "
                              "recompute the old log-probs with weights one update newer than the ones that drew the "
                              "tokens; leave recompute_old_logprobs unset (null) or set the pipeline off")
+        return self
+
+    @model_validator(mode="after")
+    def _dynamic_sampling_on_the_newest_policy(self):
+        if self.rollout.pipeline == "one_step" and self.rollout.dynamic_sampling_rounds:
+            raise ValueError("rollout.dynamic_sampling_rounds with rollout.pipeline: one_step: the extra rounds would "
+                             "wait for the sample drawn ahead; set one of them off")
         return self
 
     def tune_stop(self) -> dict[str, float]:

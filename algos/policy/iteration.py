@@ -40,6 +40,7 @@ from draco_gym.algos.credit.core import CreditRule
 from draco_gym.algos.policy.lm import token_logprobs
 from draco_gym.algos.policy.loss import grpo_loss
 from draco_gym.algos.policy.prefix import SharedPrefix, prefix_micro_batches, sharing_unsupported
+from draco_gym.metrics import learned_episodes
 from draco_gym.types import GAP, RolloutGroup, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,20 @@ def score(groups: Sequence[RolloutGroup], reward) -> list[RolloutGroup]:
     """Each group with its ``GroupScore``: one ``reward.score_group`` call per group (a rubric
     judges the G rollouts together, against one shared set of criteria)."""
     return [group.with_score(reward.score_group(group.task, group.trajectories)) for group in groups]
+
+
+def teaches(group: RolloutGroup, success_metric: str = "success") -> bool:
+    """Whether GRPO can learn the task from this scored group, DAPO's dynamic-sampling test
+    (Yu et al., 2025, section 3.2): its episodes differ in the environment's outcome
+    (``success_metric``), or, for an environment that reports none, in reward. A group whose
+    episodes all succeeded, or all failed, gives the outcome nothing to push on (a rubric may
+    still spread its rewards, over what the outcome does not decide). ``env_error`` episodes
+    do not count."""
+    kept = learned_episodes(traj.termination for traj in group.trajectories)
+    outcomes = [group.trajectories[i].metrics.get(success_metric) for i in kept]
+    if outcomes and None not in outcomes:
+        return len({bool(o) for o in outcomes}) > 1
+    return len({group.score.rewards[i] for i in kept}) > 1
 
 
 # -- credit --------------------------------------------------------------------------------

@@ -399,6 +399,9 @@ class GRPO(Algorithm):
             groups, scored = self.score(groups)
             judge_s = scored["judge"]
         self._stop_on_dead_judge(groups)
+        drawn = groups
+        if self.config.run.rollout.dynamic_sampling_rounds:
+            groups, drawn, sampled, judge_s = self._dynamic_sampling(groups, sampled, judge_s)
         with _timed(timers, "credit"):
             batch = iteration.credit(groups, self.credit_rule())
         with _timed(timers, "learner"):
@@ -409,7 +412,11 @@ class GRPO(Algorithm):
         if self.rollout_log:
             self.rollout_log.write(groups, iteration=self.iteration, step_advantages=batch.step_advantages)
         timers.update(sampled["timers"], judge=judge_s)
-        metrics = iteration_metrics(groups, batch, timers, time.perf_counter() - start, sampled["generated_tokens"])
+        # what was sampled counts every group drawn; the credit, the groups learned from
+        metrics = iteration_metrics(drawn, batch, timers, time.perf_counter() - start, sampled["generated_tokens"])
+        if self.config.run.rollout.dynamic_sampling_rounds:
+            metrics["env_runners/groups_drawn"] = len(drawn)
+            metrics["credit/groups_teaching"] = sum(map(iteration.teaches, groups))
         staleness = [self.iteration - group.policy_version for group in groups]
         metrics["env_runners/policy_staleness_mean"] = float(np.mean(staleness))
         metrics["env_runners/policy_staleness_max"] = max(staleness)
@@ -417,6 +424,41 @@ class GRPO(Algorithm):
             metrics["timers/waited_for_sample"] = waited
         self._watch_reward_against_outcome(metrics)
         self._log(metrics)
+
+    def _dynamic_sampling(self, groups: list[RolloutGroup], sampled: dict,
+                          judge_s: float) -> tuple[list[RolloutGroup], list[RolloutGroup], dict, float]:
+        """DAPO's dynamic sampling (``rollout.dynamic_sampling_rounds``): each round samples
+        and scores one group per group of the batch that cannot teach
+        (``iteration.teaches``), of tasks not yet drawn this iteration where there are
+        enough, each round from its own seed (a resumed run draws the same); a group that can
+        teach takes the place of the first one that cannot, in batch order. What is still
+        left after the last round stays: its rubric may still spread its rewards.
+
+        Returns the batch, every group drawn (the batch's first, in order), the sampling
+        figures summed over the rounds and the judge's seconds summed likewise."""
+        batch, drawn = list(groups), list(groups)
+        rollout = self.config.run.rollout
+        for round_ in range(1, rollout.dynamic_sampling_rounds + 1):
+            idle = [k for k, group in enumerate(batch) if not iteration.teaches(group)]
+            if not idle:
+                break
+            seen = {group.task_id for group in drawn}
+            fresh = [t for t in self._task_ids if t not in seen]
+            pool = fresh if len(fresh) >= len(idle) else self._task_ids
+            rng = np.random.default_rng([self.config.seed or 0, self.iteration, 2, round_])
+            tasks = [pool[i] for i in rng.choice(len(pool), size=len(idle), replace=len(idle) > len(pool))]
+            seed = int(np.random.default_rng([self.config.seed or 0, self.iteration, 1, round_]).integers(2**31 - 1))
+            more, more_sampled = self.sample(tasks, seed=seed, stream_scoring=rollout.scoring == "streaming")
+            more, scored = self.score(more)
+            self._stop_on_dead_judge(more)
+            drawn += more
+            judge_s += scored["judge"]
+            sampled = {"timers": {phase: sampled["timers"][phase] + more_sampled["timers"].get(phase, 0.0)
+                                  for phase in sampled["timers"]},
+                       "generated_tokens": sampled["generated_tokens"] + more_sampled["generated_tokens"]}
+            for slot, group in zip(idle, [g for g in more if iteration.teaches(g)]):
+                batch[slot] = group
+        return batch, drawn, sampled, judge_s
 
     def _draw_ahead(self, iteration: int) -> None:
         """Start sampling and scoring ``iteration`` on the env runners, with the weights they

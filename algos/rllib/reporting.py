@@ -184,13 +184,15 @@ def progress_line(m: dict[str, Any], total_iterations: int | None = None) -> str
     times = " ".join(f"{p}={m.get('timers/phases/' + p) or 0.0:.1f}s" for p in (*PHASES, "other"))
     success = m.get("env_runners/env/success")
     er = "env_runners/episode_return_"
+    drawn = m.get("env_runners/groups_drawn")  # with dynamic sampling: groups that can teach, of all drawn
+    dynamic = f" teaching={int(m.get('credit/groups_teaching') or 0)}/drawn={int(drawn)}" if drawn else ""
     return (f"{head} return={m.get(er + 'mean') or 0:+.3f}±{m.get(er + 'std') or 0:.3f} "
             f"[{m.get(er + 'min') or 0:+.2f},{m.get(er + 'max') or 0:+.2f}] "
             f"pass={m.get('judge/rubric_pass_rate') or 0:.2f} "
             f"criteria={m.get('judge/criteria_before_dropout') or 0:.1f}"
             f"->{m.get('judge/criteria_after_dropout') or 0:.1f} "
             f"inert={m.get('credit/inert_share') or 0:.2f}/paper={m.get('credit/paper_inert_share') or 0:.2f} "
-            f"uncredited={int(m.get('credit/uncredited_citations') or 0)} "
+            f"uncredited={int(m.get('credit/uncredited_citations') or 0)}{dynamic} "
             f"turns={m.get('env_runners/episode_len_mean') or 0:.1f}"
             f"{f' success={success:.2f}' if success is not None else ''} [{terms}] "
             f"kl={m.get('learners/default_policy/kl') or 0:.4f} "
