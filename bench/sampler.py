@@ -8,7 +8,9 @@ Part 1: the same chat prompts, batch, model, LoRA adapter (r 16, all linear, non
 training samples) and token budget (T = 1, every row runs to the budget unless it ends)
 through ``TorchSampler`` (transformers + PEFT, in this process) and ``VLLMSampler`` (vLLM's
 engine as a Ray actor from vLLM's own environment, ``draco-gym setup vllm``). Each is
-warmed up once, then timed over ``--repeats`` calls; it prints generated tokens/s of each.
+warmed up once, then timed over ``--repeats`` calls; it prints generated tokens/s of each,
+and raw vLLM's: the same requests to ``llm.generate`` inside the engine's actor, timed there,
+so that draco-gym's sampler / raw is what the framework costs on top of vLLM.
 Part 2: one real GRPO iteration (PythonTools, the trainer's own code, one env runner, local
 learner) with each sampler, and each phase's seconds side by side. Engine load time is
 reported apart (it is paid once per run, not per iteration).
@@ -90,10 +92,40 @@ def sampling(args, model_path: str) -> tuple[float, float]:
         sampler = VLLMSampler(engine, eos_ids=eos)
         sampler.set_adapter(folder)
         vllm_rate, n = timed(sampler, prompts, args.tokens, args.repeats)
+        print(f"vLLM sampler: {vllm_rate:.1f} tokens/s (median of {args.repeats}, {n} tokens)", flush=True)
+        raw_rate, n = raw_vllm(engine, prompts, args.tokens, args.repeats, eos)
     finally:
         stop_engine(engine)
-    print(f"vLLM sampler: {vllm_rate:.1f} tokens/s (median of {args.repeats}, {n} tokens)", flush=True)
+    print(f"raw vLLM (llm.generate inside the engine's actor): {raw_rate:.1f} tokens/s (median of {args.repeats}, "
+          f"{n} tokens); draco-gym's sampler / raw: {vllm_rate / raw_rate:.2f}", flush=True)
     return torch_rate, vllm_rate
+
+
+def _generate_in_host(host, prompts, budget, seed, stop_token_ids):
+    """Runs inside the engine's actor (vLLM's interpreter, no draco-gym): the same requests
+    ``EngineHost.sample`` makes, straight to ``llm.generate``, timed there."""
+    from vllm import SamplingParams
+
+    params = [SamplingParams(temperature=1.0, top_p=1.0, top_k=-1, max_tokens=budget, logprobs=0,
+                             stop_token_ids=list(stop_token_ids), seed=seed + i, skip_special_tokens=False)
+              for i in range(len(prompts))]
+    start = time.perf_counter()
+    outs = host.llm.generate([{"prompt_token_ids": p} for p in prompts], params, lora_request=host._lora,
+                             use_tqdm=False)
+    return sum(len(out.outputs[0].token_ids) for out in outs), time.perf_counter() - start
+
+
+def raw_vllm(engine, prompts, budget: int, repeats: int, eos) -> tuple[float, int]:
+    """vLLM alone on the same prompts, adapter, seeds and budget as ``timed``: what the
+    sampler's Ray call, its plain-type conversions and the log-prob read-out cost on top."""
+    import ray
+
+    rates, tokens = [], 0
+    for k in range(repeats):
+        n, seconds = ray.get(engine.__ray_call__.remote(_generate_in_host, prompts, budget, 100 + k, list(eos)))
+        rates.append(n / seconds)
+        tokens += n
+    return statistics.median(rates), tokens
 
 
 def iteration(args, model_path: str) -> None:
