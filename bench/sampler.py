@@ -118,11 +118,11 @@ def _generate_in_host(host, prompts, budget, seed, stop_token_ids):
 def raw_vllm(engine, prompts, budget: int, repeats: int, eos) -> tuple[float, int]:
     """vLLM alone on the same prompts, adapter, seeds and budget as ``timed``: what the
     sampler's Ray call, its plain-type conversions and the log-prob read-out cost on top."""
-    import ray
+    from draco_gym.algos.rllib.vllm_sampler import call_in_engine
 
     rates, tokens = [], 0
     for k in range(repeats):
-        n, seconds = ray.get(engine.__ray_call__.remote(_generate_in_host, prompts, budget, 100 + k, list(eos)))
+        n, seconds = call_in_engine(engine, _generate_in_host, prompts, budget, 100 + k, list(eos))
         rates.append(n / seconds)
         tokens += n
     return statistics.median(rates), tokens

@@ -75,7 +75,8 @@ def test_the_rllib_training_step_credits_with_the_step(monkeypatch):
 
     replace(monkeypatch, "credit")
     algo = SimpleNamespace(config=SimpleNamespace(run=SimpleNamespace(rollout=SimpleNamespace(pipeline="off",
-                                                                                              scoring="batched"))),
+                                                                                              scoring="batched",
+                                                                                              dynamic_sampling_rounds=0))),
                            iteration=0, sample_tasks=lambda i: ["t"], _iteration_seed=lambda i: 0,
                            sample=lambda tasks, **kw: ([scored_group()], {}),
                            score=lambda groups: (groups, {"judge": 0.0}),

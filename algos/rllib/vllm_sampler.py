@@ -125,6 +125,14 @@ class VLLMSampler:
         return [Sample(ids, logprobs, ended) for ids, logprobs, ended in outs]
 
 
+def call_in_engine(engine, fn, *args, timeout_s: float = 3600.0):
+    """``fn(host, *args)`` run inside the engine's actor, where ``host`` is its
+    ``EngineHost``, and its result: for measuring vLLM itself, without this sampler's call
+    (bench/sampler.py). ``fn`` runs in vLLM's interpreter: it may import vLLM, not draco-gym,
+    and returns plain types."""
+    return ray.get(engine.__ray_call__.remote(fn, *args), timeout=timeout_s)
+
+
 def stop_engine(engine, timeout_s: float = 60.0) -> None:
     """Shut the engine down, then end its actor: killed mid-engine, vLLM's shared memory
     would stay in /dev/shm."""
