@@ -63,6 +63,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    # TRL's GRPOTrainer learns from every group it draws: the same job draws no extra rounds
+    args.set = ["rollout.dynamic_sampling_rounds=0", *args.set]
     if args.small:
         args.iterations, args.pairs = 2, ["uniform"]
     if args.iterations < 2:
@@ -236,6 +238,9 @@ def child_trl(args) -> int:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     config = load_config(args.config, args.set)
     ro, optim, lora = config.rollout, config.optim, config.policy.lora
+    if ro.dynamic_sampling_rounds:
+        raise SystemExit("rollout.dynamic_sampling_rounds: TRL's GRPOTrainer has no dynamic sampling, so the two "
+                         "trainers would not run the same job; leave it 0")
     group = ro.group_size
     figures: dict[str, list] = {"wall": [], "rollout_s": [], "generated_tokens": [], "rewards": [], "success": []}
 

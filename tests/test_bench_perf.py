@@ -40,13 +40,14 @@ def test_draco_gym_runs_the_configs_grpo_phase_from_the_warm_start(tmp_path):
     uniform = vs_trl.draco_gym_command(args, "uniform", "/models/warm", tmp_path)
     assert uniform[1:3] == ["train", "configs/quickstart.yaml"]
     sets = [uniform[i + 1] for i, a in enumerate(uniform) if a == "--set"]
-    assert sets == ["policy.model=/models/warm", "warm_start.epochs=0", "credit.name=uniform"]
+    assert sets == ["rollout.dynamic_sampling_rounds=0", "policy.model=/models/warm", "warm_start.epochs=0",
+                    "credit.name=uniform"]
     assert uniform[uniform.index("--iterations") + 1] == "3"
     draco = vs_trl.draco_gym_command(args, "draco", "/models/warm", tmp_path)
     assert "credit.name=draco" in draco  # the config's own credit
     args = vs_trl.parse(["--set", "optim.micro_batch_tokens=512"])
     command = vs_trl.draco_gym_command(args, "uniform", "/m", tmp_path)
-    assert [command[i + 1] for i, a in enumerate(command) if a == "--set"][0] == "optim.micro_batch_tokens=512"
+    assert [command[i + 1] for i, a in enumerate(command) if a == "--set"][1] == "optim.micro_batch_tokens=512"
 
 
 def test_learner_counts_the_decoders_linear_weights():
