@@ -64,6 +64,8 @@ class Rounds:
         groups = [group(t, [True, not teach]) for t, teach in zip(tasks, wanted)]
         return groups, {"timers": {"generation": 2.0, "env": 1.0}, "generated_tokens": 10 * len(tasks)}
 
+    _iteration_seed = GRPO._iteration_seed
+
     def score(self, groups):
         return groups, {"judge": 0.5}
 

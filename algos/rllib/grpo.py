@@ -447,8 +447,8 @@ class GRPO(Algorithm):
             pool = fresh if len(fresh) >= len(idle) else self._task_ids
             rng = np.random.default_rng([self.config.seed or 0, self.iteration, 2, round_])
             tasks = [pool[i] for i in rng.choice(len(pool), size=len(idle), replace=len(idle) > len(pool))]
-            seed = int(np.random.default_rng([self.config.seed or 0, self.iteration, 1, round_]).integers(2**31 - 1))
-            more, more_sampled = self.sample(tasks, seed=seed, stream_scoring=rollout.scoring == "streaming")
+            more, more_sampled = self.sample(tasks, seed=self._iteration_seed(self.iteration, round_),
+                                             stream_scoring=rollout.scoring == "streaming")
             more, scored = self.score(more)
             self._stop_on_dead_judge(more)
             drawn += more
@@ -537,8 +537,10 @@ class GRPO(Algorithm):
         picks = rng.choice(len(self._task_ids), size=k, replace=k > len(self._task_ids))
         return [self._task_ids[i] for i in picks]
 
-    def _iteration_seed(self, iteration: int) -> int:
-        return int(np.random.default_rng([self.config.seed or 0, iteration, 1]).integers(2**31 - 1))
+    def _iteration_seed(self, iteration: int, round_: int = 0) -> int:
+        """The sampling seed of ``iteration``; ``round_`` > 0: of its dynamic-sampling round."""
+        extra = [round_] if round_ else []
+        return int(np.random.default_rng([self.config.seed or 0, iteration, 1, *extra]).integers(2**31 - 1))
 
     def sample(self, tasks: list[str], *, seed: int, temperature: float | None = None,
                group_size: int | None = None, stream_scoring: bool = False) -> tuple[list[RolloutGroup], dict]:
