@@ -18,9 +18,9 @@ def test_quickstart_config_checks_and_evaluates_on_held_out_tasks(capsys):
     config = load_config(QUICKSTART)
     assert config.warm_start.epochs >= 1 and config.env.task_ids and config.eval.task_ids
     assert not set(config.env.task_ids) & set(config.eval.task_ids)  # held out: no shared task
-    # 80 held-out episodes a side, as the quickstart's figures were measured; with 40 a gain
-    # of 0.875 -> 0.925 could not be told from noise
-    assert config.eval.episodes_per_task * len(config.eval.task_ids) >= 80
+    # 160 held-out episodes a side, as the quickstart's figures were measured; with 80 a gain
+    # of 0.263 -> 0.362 could not be told from noise
+    assert config.eval.episodes_per_task * len(config.eval.task_ids) >= 160
     assert config.reward.name in ("rule", "outcome", "weighted")  # judge-free: runs offline
 
 
