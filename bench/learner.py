@@ -1,9 +1,11 @@
 """The learner near the machine's limit: its achieved FLOP/s against a plain matmul of the same
-shapes, and its memory, with the log-probs chunked and (for comparison) unchunked.
+shapes, and its memory, with the log-probs chunked and (for comparison) unchunked, and with
+activation checkpointing.
 
     python bench/learner.py                                  # configs/quickstart.yaml's iteration
     python bench/learner.py --layers 4 --repeats 1           # a quick look (the first 4 layers)
     python bench/learner.py --modes chunked --micro-batch-tokens 2048 512   # memory against micro-batch size
+    python bench/learner.py --modes chunked checkpointed --repeats 1        # what activation checkpointing costs
 
 The batch is one iteration of the config's GRPO phase as the learner receives it: for each of
 ``rollout.tasks_per_iteration`` train tasks, ``rollout.group_size`` rows that begin with the
@@ -56,6 +58,8 @@ from draco_gym.bench.train_iteration import learner_model, padded_batch
 MODES = {
     "unchunked": "the whole micro-batch's [tokens x vocab] logits at once (the textbook expression)",
     "chunked": "draco-gym's log-probs: 256 policy tokens of logits at a time, their gradient taken at once",
+    "checkpointed": "chunked, each decoder layer recomputed in the backward (policy.gradient_checkpointing): "
+                    "its forward runs twice, not counted in the FLOPs",
 }
 
 
@@ -179,7 +183,7 @@ def setup_variant(config_path: str, mode: str, micro_batch_tokens: int | None, l
     path = learner_model(resolve_model(config.policy.model), layers)
     module = HFPolicyModule(observation_space=None, action_space=None, inference_only=False, model_config={
         "model": path, "dtype": config.policy.dtype, "lora": config.policy.lora.model_dump(),
-        "temperature": config.rollout.temperature})
+        "temperature": config.rollout.temperature, "gradient_checkpointing": mode == "checkpointed"})
     batch = iteration_batch(config, path, observation_tokens=observation_tokens)
     optim = config.optim.model_copy(update={"micro_batch_tokens": micro_batch_tokens or config.optim.micro_batch_tokens})
     params = [p for p in module.lm.parameters() if p.requires_grad]
@@ -286,7 +290,7 @@ def main(argv=None) -> int:
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end ==")
     print(f"counted FLOPs: 6 x {first['n_path'] / 1e6:.1f}M path parameters x {first['backbone_tokens']} tokens + "
           f"6 x head x {first['policy_tokens']} policy tokens = {first['flops'] / 1e12:.2f} TFLOP per iteration")
-    print(f"{'mode':<11}{'micro':>6}{'s/iter':>8}{'GFLOP/s':>9}{'matmul GFLOP/s':>16}{'share':>7}{'peak PSS GiB':>14}"
+    print(f"{'mode':<13}{'micro':>6}{'s/iter':>8}{'GFLOP/s':>9}{'matmul GFLOP/s':>16}{'share':>7}{'peak PSS GiB':>14}"
           f"{'step adds GiB':>15}{'max RSS GiB':>13}")
     rows = {}
     for mode, mbt in variants:
@@ -295,7 +299,7 @@ def main(argv=None) -> int:
         peak = max(r["peak"] for r in runs[mode, mbt])
         adds = max(r["peak"] - r["before"] for r in runs[mode, mbt])
         rows[mode, mbt] = {"seconds": best["seconds"], "share": share, "peak": peak}
-        print(f"{mode:<11}{mbt or config_mbt:>6}{best['seconds']:>8.2f}{first['flops'] / best['seconds'] / 1e9:>9.1f}"
+        print(f"{mode:<13}{mbt or config_mbt:>6}{best['seconds']:>8.2f}{first['flops'] / best['seconds'] / 1e9:>9.1f}"
               f"{best['limit'] / 1e9:>16.1f}{share:>7.2f}{peak / gib:>14.2f}{adds / gib:>15.2f}"
               f"{peaks[mode, mbt] / gib:>13.2f}")
     print("(s/iter, GFLOP/s: the fastest iteration, and the matmul limit measured right after it; share: the median "
@@ -307,6 +311,10 @@ def main(argv=None) -> int:
         if ("unchunked", mbt) in rows and ("chunked", mbt) in rows:
             a, b = rows["unchunked", mbt], rows["chunked", mbt]
             print(f"chunked / unchunked at {mbt or config_mbt} micro-batch tokens: time {b['seconds'] / a['seconds']:.2f}, "
+                  f"process peak {b['peak'] / a['peak']:.2f}")
+        if ("checkpointed", mbt) in rows and ("chunked", mbt) in rows:
+            a, b = rows["chunked", mbt], rows["checkpointed", mbt]
+            print(f"checkpointed / chunked at {mbt or config_mbt} micro-batch tokens: time {b['seconds'] / a['seconds']:.2f}, "
                   f"process peak {b['peak'] / a['peak']:.2f}")
     key = ("chunked", (args.micro_batch_tokens or [None])[0])
     key = key if key in rows else variants[0]

@@ -9,7 +9,7 @@ The job is a config's GRPO phase (default: the quickstart's), every setting read
 config: its warm start is run once (``draco-gym train``'s own, reused when already done), then
 each trainer starts from that warm-started policy and runs N iterations on the config's train
 tasks with its group size, tasks per iteration, LoRA, token budgets, temperature, reward,
-learning rate, weight decay, gradient clip and KL coefficient.
+learning rate, weight decay, gradient clip, KL coefficient and activation checkpointing.
 
 - draco-gym: ``draco-gym train CONFIG`` with the warm start's model as ``policy.model``, no
   warm start, ``--iterations N`` (Ray, its env runner and learner as the config sets them);
@@ -288,7 +288,7 @@ def child_trl(args) -> int:
         max_grad_norm=optim.grad_clip or 1e9, beta=optim.kl_coeff, epsilon=optim.clip_low,
         epsilon_high=optim.clip_high, loss_type="dapo", temperature=ro.temperature,
         max_completion_length=ro.max_response_tokens, disable_dropout=True,
-        model_init_kwargs={"dtype": config.policy.dtype})
+        gradient_checkpointing=config.policy.gradient_checkpointing, model_init_kwargs={"dtype": config.policy.dtype})
     peft = LoraConfig(r=lora.r, lora_alpha=lora.alpha, target_modules=lora.target_modules, lora_dropout=lora.dropout,
                       bias="none", task_type="CAUSAL_LM")
     trainer_class, extra = GRPOTrainer, {}
