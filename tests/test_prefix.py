@@ -307,7 +307,7 @@ def test_checkpointed_gradient_through_a_shared_prefix_equals_the_plain_one(mode
     and the LoRA gradient is the one without checkpointing, to 1e-5 relative."""
     plain = make_module(model_dir)
     checkpointed = make_module(model_dir)
-    checkpointed.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    checkpointed.lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     checkpointed.lm.enable_input_require_grads()
     for m in checkpointed.lm.modules():
         if getattr(m, "gradient_checkpointing", False):
