@@ -182,3 +182,42 @@ def test_sft_and_check_refuse_a_turn_budget_shorter_than_a_reference_turn(tmp_pa
     write(longest)
     assert main(["train", str(config), "--check"]) == 0
     assert f"is {longest} tokens, within rollout.max_new_tokens {longest}" in capsys.readouterr().out
+
+
+def test_a_checkpointed_warm_start_recomputes_each_layer_and_takes_the_same_steps(tmp_path, monkeypatch):
+    """``policy.gradient_checkpointing`` reaches the warm start: every decoder layer runs again in
+    the backward (its attention is called twice per demonstration), and the losses and merged
+    weights are the plain run's."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    from draco_gym.algos.cli.sft import demonstrations
+    from draco_gym.algos.policy import lm as lm_module
+    from draco_gym.algos.policy.chat import ChatFormat
+    from draco_gym.algos.policy.sft import warm_start
+    from draco_gym.bench.learning_setting import ENV_CONFIG, build_corridor_policy
+    from draco_gym.envs.corridor import CorridorEnv
+
+    policy = build_corridor_policy(tmp_path / "policy", epochs=1)
+    chat = ChatFormat.from_tokenizer(AutoTokenizer.from_pretrained(policy))
+    examples, missing = demonstrations(CorridorEnv(**ENV_CONFIG), chat, ["corridor-1", "corridor-2"])
+    assert len(examples) == 2 and not missing
+
+    attention_calls = []
+    enable = lm_module.enable_activation_checkpointing
+
+    def enable_and_count(model):
+        enable(model)
+        attention = next(m for name, m in model.named_modules() if name.endswith("layers.0.self_attn"))
+        attention.register_forward_hook(lambda *_: attention_calls.append(1))
+
+    monkeypatch.setattr(lm_module, "enable_activation_checkpointing", enable_and_count)
+    options = {"lora": {"r": 8, "alpha": 16}, "epochs": 2, "lr": 1e-2, "batch_size": 2}
+    plain = warm_start(policy, examples, tmp_path / "plain", **options)
+    assert attention_calls == []
+    checkpointed = warm_start(policy, examples, tmp_path / "checkpointed", activation_checkpointing=True, **options)
+    assert len(attention_calls) == 2 * 2 * 2  # the forward and its recompute, 2 demonstrations, 2 epochs
+    assert checkpointed["losses"] == pytest.approx(plain["losses"], rel=1e-5)
+    a, b = load_file(tmp_path / "plain" / "model.safetensors"), load_file(tmp_path / "checkpointed" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)

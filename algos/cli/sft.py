@@ -128,6 +128,7 @@ def warm_start_from_config(config, settings=None, *, out: str | Path | None = No
     t0 = time.time()
     report = warm_start(model, examples, out, lora=config.policy.lora.model_dump(), epochs=settings.epochs,
                         lr=settings.lr, batch_size=settings.batch_size, dtype=config.policy.dtype, seed=config.seed,
+                        activation_checkpointing=config.policy.gradient_checkpointing,
                         log=lambda row: print(progress(row, time.time() - t0), flush=True))
     report["seconds"] = round(time.time() - t0, 1)
     report["key"] = key

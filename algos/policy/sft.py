@@ -98,7 +98,7 @@ def train_supervised(model, examples: Sequence[Demonstration], *, epochs: int = 
             for e in batch:
                 ids = torch.tensor([e.token_ids], device=device)
                 labels = torch.where(torch.tensor([e.loss_mask], device=device) > 0, ids, -100)
-                out = model(input_ids=ids, labels=labels)
+                out = model(input_ids=ids, labels=labels, use_cache=False)
                 share = sum(e.loss_mask[1:]) / n_targets
                 (out.loss * share).backward()
                 batch_loss += float(out.loss.detach()) * share
@@ -122,18 +122,22 @@ def train_supervised(model, examples: Sequence[Demonstration], *, epochs: int = 
 
 def warm_start(model_dir: str | Path, examples: Sequence[Demonstration], out_dir: str | Path, *,
                lora: dict | None = None, epochs: int = 3, lr: float = 3e-4, batch_size: int = 4,
-               dtype: str = "float32", seed: int = 0, log: Callable[[dict], None] | None = None) -> dict:
+               dtype: str = "float32", seed: int = 0, activation_checkpointing: bool = False,
+               log: Callable[[dict], None] | None = None) -> dict:
     """LoRA warm start of the model in ``model_dir`` on ``examples``, merged into the base
     weights and saved with the tokenizer to ``out_dir``: a plain model directory that the
     trainer loads like any other (GRPO then adds its own, fresh adapter on top, and its KL
-    reference is the warm-started model). Returns the losses and sizes."""
+    reference is the warm-started model). ``activation_checkpointing`` as the policy's
+    ``gradient_checkpointing``: the same steps in less memory. Returns the losses and sizes."""
     import torch
     from transformers import AutoTokenizer
 
-    from draco_gym.algos.policy.lm import add_lora, load_causal_lm
+    from draco_gym.algos.policy.lm import add_lora, enable_activation_checkpointing, load_causal_lm
 
     torch.manual_seed(seed)
     model = add_lora(load_causal_lm(str(model_dir), dtype), lora or {}, seed)
+    if activation_checkpointing:
+        enable_activation_checkpointing(model)
     losses = train_supervised(model, examples, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed, log=log)
     merged = model.merge_and_unload()
     out = Path(out_dir)

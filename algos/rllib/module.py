@@ -19,7 +19,7 @@ import torch
 from ray.rllib.core.rl_module.torch import TorchRLModule
 
 from draco_gym.algos.policy.iteration import LoRAPolicy
-from draco_gym.algos.policy.lm import add_lora, load_causal_lm
+from draco_gym.algos.policy.lm import add_lora, enable_activation_checkpointing, load_causal_lm
 from draco_gym.algos.policy.prefix import SharedPrefix
 
 
@@ -42,11 +42,7 @@ class HFPolicyModule(TorchRLModule):
             torch.set_num_threads(int(cfg["torch_threads"]))
         self.lm = add_lora(load_causal_lm(cfg["model"], cfg.get("dtype", "float32")), cfg.get("lora"), cfg.get("seed", 0))
         if cfg.get("gradient_checkpointing"):
-            if hasattr(self.lm, "activation_checkpointing_enable"):  # the name in newer transformers
-                self.lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            self.lm.enable_input_require_grads()
+            enable_activation_checkpointing(self.lm)
             # The learner's passes with gradient give a layer either no cache or a one-pass
             # cache (prefix.one_pass_cache), which a recomputed layer reads as the first time:
             # the cache that carries a shared prefix may stay under checkpointing.
