@@ -73,7 +73,8 @@ class PolicySection(_Section):
     vllm_kv_cache_gib: int = Field(1, ge=1, description="vllm on CPU: the engine's KV cache, GiB (VLLM_CPU_KVCACHE_SPACE)")
     vllm_gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vllm on GPU: the share of its GPU "
                                                                              "the engine takes")
-    gradient_checkpointing: bool = Field(False, description="recompute each decoder layer in the backward (learner and warm start): less activation memory for one more forward")
+    gradient_checkpointing: bool = Field(False, description="recompute each decoder layer in the backward (learner "
+                                                            "and warm start): less activation memory, one more forward")
     torch_threads: int | None = Field(None, ge=1, description="intra-op threads per process (null: Ray's, one per reserved CPU)")
 
     @field_validator("model")

@@ -305,10 +305,11 @@ def test_checkpointed_gradient_through_a_shared_prefix_equals_the_plain_one(mode
     (its forward runs again), the prompt is still shared (the prefix's and the
     continuations' caches are one-pass caches a recomputed layer reads as the first time),
     and the LoRA gradient is the one without checkpointing, to 1e-5 relative."""
+    from draco_gym.algos.policy.lm import enable_activation_checkpointing
+
     plain = make_module(model_dir)
     checkpointed = make_module(model_dir)
-    checkpointed.lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    checkpointed.lm.enable_input_require_grads()
+    enable_activation_checkpointing(checkpointed.lm)
     for m in checkpointed.lm.modules():
         if getattr(m, "gradient_checkpointing", False):
             m._can_checkpoint_with_cache = True
