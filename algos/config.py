@@ -238,7 +238,8 @@ class OptimSection(LossConfig):
 
 
 class ResourcesSection(_Section):
-    num_env_runners: int = Field(1, ge=1, description="rollout actors")
+    num_env_runners: int = Field(1, ge=0, description="rollout actors (0: the training process samples too, on "
+                                                      "the learner's copy of the base weights: one process fewer)")
     num_cpus_per_env_runner: float = Field(1, ge=0, description="CPUs Ray reserves per env runner")
     num_gpus_per_env_runner: float = Field(0, ge=0, description="GPUs Ray reserves per env runner")
     num_learners: int = Field(0, ge=0, description="learner actors (0: the learner lives in the training process)")
@@ -417,6 +418,14 @@ class RunConfig(_Section):
         if self.rollout.pipeline == "one_step" and self.rollout.dynamic_sampling_rounds:
             raise ValueError("rollout.dynamic_sampling_rounds with rollout.pipeline: one_step: the extra rounds would "
                              "wait for the sample drawn ahead; set one of them off")
+        return self
+
+    @model_validator(mode="after")
+    def _drawn_ahead_on_a_runner(self):
+        if self.rollout.pipeline == "one_step" and self.resources.num_env_runners == 0:
+            raise ValueError("rollout.pipeline: one_step with resources.num_env_runners: 0: the next iteration is "
+                             "sampled on an env runner while the learner steps, and with 0 the learner's own "
+                             "process samples; give it an env runner or set the pipeline off")
         return self
 
     def tune_stop(self) -> dict[str, float]:

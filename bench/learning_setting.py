@@ -100,7 +100,7 @@ def build_corridor_policy(path: str | Path, *, seed: int = 0, demos_per_task: in
 
     from draco_gym.algos.policy.chat import ChatFormat
     from draco_gym.algos.policy.models import build_tiny_llama
-    from draco_gym.algos.rllib.module import load_causal_lm
+    from draco_gym.algos.policy.lm import load_causal_lm
     from draco_gym.algos.policy.sft import demonstration, train_supervised
     from draco_gym.envs.corridor import CorridorEnv
 

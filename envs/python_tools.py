@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -77,52 +78,94 @@ class Block:
     answer: Any = None
 
 
-class ToolHost:
-    """The tools' processes (``tool_host.py``): a template that imports the user's tools
-    once, outside the sandbox, with this process's import path, folder and environment,
-    and per interpreter start a fresh fork of it (a copy) that answers that interpreter's
-    calls directly and reports each one here."""
+class _Template:
+    """A running template (``tool_host.py``) and its control socket: one per tool set in a
+    process, however many environments serve those tools. Each copy is a fork of the
+    pristine template, so environments share nothing but its imported pages."""
 
-    def __init__(self, tools: Sequence[str], printed_limit: int, max_line: int) -> None:
-        self.tools = list(tools)
-        self.printed_limit = printed_limit
-        self.max_line = max_line
-        self._template: subprocess.Popen | None = None
-        self._control = None  # the template's Unix socket
-        self._pid: int | None = None  # the current copy
-        self.reports: os_sandbox.JsonLines | None = None  # the copy's reports
-        self._report_fd: int | None = None
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.control = None  # its Unix socket
+        self.users = 0  # the ToolHosts that hold it
+        self.lock = threading.Lock()  # one fork request at a time
 
-    def _start_template(self, deadline: float) -> None:
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, config: dict, deadline: float) -> None:
         import socket
 
-        self.shutdown()
+        self.stop()
         ours, theirs = socket.socketpair()
-        config = {"tools": self.tools, "sys_path": list(sys.path), "parent_pid": os.getpid(),
-                  "printed_limit": self.printed_limit, "max_line": self.max_line, "control_fd": theirs.fileno()}
         try:
-            self._template = os_sandbox.spawn([sys.executable, str(TOOL_HOST.resolve()), json.dumps(config)],
-                                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                              stderr=subprocess.PIPE, pass_fds=(theirs.fileno(),),
-                                              start_new_session=True)
+            self.proc = os_sandbox.spawn([sys.executable, str(TOOL_HOST.resolve()),
+                                          json.dumps({**config, "control_fd": theirs.fileno()})],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                         pass_fds=(theirs.fileno(),), start_new_session=True)
         finally:
             theirs.close()
-        self._control = ours
-        if self._control_line(deadline) != "ready":
-            raise SandboxError(f"the tools' process failed to start:\n{_tail(self._template)}")
+        self.control = ours
+        if self.line(deadline) != "ready":
+            raise SandboxError(f"the tools' process failed to start:\n{_tail(self.proc)}")
 
-    def _control_line(self, deadline: float) -> str:
+    def line(self, deadline: float) -> str:
         line = b""
         while not line.endswith(b"\n"):
-            self._control.settimeout(max(0.01, deadline - time.monotonic()))
+            self.control.settimeout(max(0.01, deadline - time.monotonic()))
             try:
-                chunk = self._control.recv(64)
+                chunk = self.control.recv(64)
             except (TimeoutError, OSError):
                 return ""
             if not chunk:
                 return ""
             line += chunk
         return line.decode().strip()
+
+    def stop(self) -> None:
+        if self.control is not None:
+            self.control.close()
+            self.control = None
+        if self.proc is not None:
+            _stop(self.proc)
+            self.proc = None
+
+
+# This process's templates, by what they serve (and the process: a fork starts its own).
+_TEMPLATES: dict[tuple, _Template] = {}
+_TEMPLATES_LOCK = threading.Lock()
+
+
+class ToolHost:
+    """The tools' processes (``tool_host.py``): a template that imports the user's tools
+    once, outside the sandbox, with this process's import path, folder and environment,
+    and per interpreter start a fresh fork of it (a copy) that answers that interpreter's
+    calls directly and reports each one here. Environments of one process that serve the
+    same tools share the template (an env runner holds one environment per episode of an
+    iteration: one template each was ~25 MiB apiece); no copy outlives its interpreter."""
+
+    def __init__(self, tools: Sequence[str], printed_limit: int, max_line: int) -> None:
+        self.tools = list(tools)
+        self.printed_limit = printed_limit
+        self.max_line = max_line
+        self._template: _Template | None = None  # held from the first launch to shutdown
+        self._key: tuple | None = None  # its place in _TEMPLATES
+        self._pid: int | None = None  # the current copy
+        self.reports: os_sandbox.JsonLines | None = None  # the copy's reports
+        self._report_fd: int | None = None
+
+    def _config(self) -> dict:
+        return {"tools": self.tools, "sys_path": list(sys.path), "parent_pid": os.getpid(),
+                "printed_limit": self.printed_limit, "max_line": self.max_line}
+
+    def _hold_template(self) -> _Template:
+        if self._template is None:
+            config = self._config()
+            key = (os.getpid(), json.dumps(config, sort_keys=True))
+            with _TEMPLATES_LOCK:
+                template = _TEMPLATES.setdefault(key, _Template())
+                template.users += 1
+            self._template, self._key = template, key
+        return self._template
 
     def launch(self, deadline: float) -> tuple[int, int]:
         """A fresh copy of the template (started first if needed); returns the two pipe
@@ -131,21 +174,27 @@ class ToolHost:
         import socket
 
         self.close()
-        if self._template is None or self._template.poll() is not None:
-            self._start_template(deadline)
+        template = self._hold_template()
         requests_r, requests_w = os.pipe()
         replies_r, replies_w = os.pipe()
         reports_r, reports_w = os.pipe()
         try:
-            socket.send_fds(self._control, [b"fork"], [requests_r, replies_w, reports_w])
-            pid = self._control_line(deadline)
+            with template.lock:
+                if not template.running():
+                    template.start(self._config(), deadline)
+                socket.send_fds(template.control, [b"fork"], [requests_r, replies_w, reports_w])
+                pid = template.line(deadline)
+        except BaseException:
+            for fd in (requests_w, replies_r, reports_r):
+                os.close(fd)
+            raise
         finally:
             for fd in (requests_r, replies_w, reports_w):
                 os.close(fd)
         if not pid.isdigit():
             for fd in (requests_w, replies_r, reports_r):
                 os.close(fd)
-            raise SandboxError(f"the tools' process did not fork a copy:\n{_tail(self._template)}")
+            raise SandboxError(f"the tools' process did not fork a copy:\n{_tail(template.proc)}")
         self._pid, self._report_fd = int(pid), reports_r
         self.reports = os_sandbox.JsonLines(None, reports_r)
         return requests_w, replies_r
@@ -170,14 +219,18 @@ class ToolHost:
         self._report_fd, self.reports = None, None
 
     def shutdown(self) -> None:
-        """Also end the template."""
+        """Also let go of the template, which ends with the last environment holding it."""
         self.close()
-        if self._control is not None:
-            self._control.close()
-            self._control = None
-        if self._template is not None:
-            _stop(self._template)
-            self._template = None
+        template, self._template = self._template, None
+        if template is None:
+            return
+        with _TEMPLATES_LOCK:
+            template.users -= 1
+            if template.users > 0:
+                return
+            _TEMPLATES.pop(self._key, None)
+        with template.lock:
+            template.stop()
 
 
 def _tail(proc: subprocess.Popen | None) -> str:

@@ -55,4 +55,8 @@ def lora_state(algo) -> dict:
 
 
 def runner_state(algo) -> dict:
-    return algo.env_runner_group.foreach_env_runner(lambda r: r.module.get_state(), local_env_runner=False)[0]
+    """The first env runner's adapter: a remote one's, else the trainer's own."""
+    group = algo.env_runner_group
+    if not group.num_remote_workers():
+        return group.local_env_runner.module.get_state()
+    return group.foreach_env_runner(lambda r: r.module.get_state(), local_env_runner=False)[0]

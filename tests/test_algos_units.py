@@ -503,3 +503,40 @@ def test_mixed_groups_with_criteria_counts_the_groups_a_rubric_must_tell_apart()
     stats = iteration_metrics(one_outcome, apply_credit(one_outcome, get_credit_rule("uniform")),
                               dict.fromkeys(PHASES, 0.0), 1.0, 0)
     assert "judge/mixed_groups_with_criteria" not in stats
+
+
+def test_policy_modules_of_one_process_share_one_copy_of_the_frozen_base(tiny):
+    """The env runner and learner in the trainer's process (``num_env_runners: 0``) hold one copy
+    of the base weights; each keeps its own adapter. A plain load (the warm start merges into
+    its model) and another dtype keep their own, and nothing is held once no model needs it."""
+    import gc
+
+    from draco_gym.algos.policy.lm import _FROZEN_WEIGHTS, load_causal_lm
+
+    path, _ = tiny
+    sampler, learner = make_module(path), make_module(path)
+
+    def base(module):
+        return {n.replace(".base_layer", "").removeprefix("base_model.model."): p
+                for n, p in module.lm.named_parameters() if "lora_" not in n}
+
+    one, two = base(sampler), base(learner)
+    assert one.keys() == two.keys()
+    assert all(one[k].data_ptr() == two[k].data_ptr() for k in one), "two copies of the base weights"
+    plain = dict(load_causal_lm(str(path)).named_parameters())
+    assert not any(plain[k].data_ptr() == one[k].data_ptr() for k in plain)
+    other = make_module(path, dtype="bfloat16")
+    assert not any(p.data_ptr() == one[k].data_ptr() for k, p in base(other).items())
+
+    ids = torch.tensor([[1, 5, 9, 4, 2]])
+    with torch.no_grad():  # the learner's adapter moves; the sampler's, and so its outputs, do not
+        before = sampler.lm(input_ids=ids).logits
+        for name, p in learner.lm.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.5)
+        assert torch.equal(sampler.lm(input_ids=ids).logits, before)
+        assert not torch.allclose(learner.lm(input_ids=ids).logits, before)
+
+    del sampler, learner, other, one, two, p
+    gc.collect()
+    assert len(_FROZEN_WEIGHTS) == 0

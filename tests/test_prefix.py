@@ -333,3 +333,23 @@ def test_the_module_knob_checkpoints_and_keeps_sharing(tiny_model):
     assert module.prefix_sharing() is None
     assert all(getattr(m, "_can_checkpoint_with_cache", False) for m in module.lm.modules()
                if getattr(m, "gradient_checkpointing", False))
+
+
+def test_a_prefix_taken_with_gradient_is_recomputed_from_the_first_step(tiny_model):
+    """A fresh module is in eval mode, and transformers recomputes a checkpointed layer only in
+    training mode: the first prefix of a run, encoded before any ``forward_train``, must be
+    recomputed in its backward too, not keep the whole prompt's activations until then."""
+    module = HFPolicyModule(observation_space=None, action_space=None, inference_only=False,
+                            model_config={"model": str(tiny_model), "lora": {"r": 4, "alpha": 8},
+                                          "gradient_checkpointing": True})
+    assert not module.lm.training
+    attention = next(m.self_attn for m in module.lm.modules() if getattr(m, "gradient_checkpointing", False)
+                     and hasattr(m, "self_attn"))
+    runs = []  # the attention's calls: a recomputing layer calls it again in the backward
+    attention.register_forward_hook(lambda *args: runs.append(torch.is_grad_enabled()))
+    prefix = module.encode_prefix(torch.arange(3, 40))
+    rows = torch.arange(3, 50).repeat(2, 1)
+    prefix.row_hidden(rows, torch.ones_like(rows)).sum().backward()
+    runs.clear()
+    prefix.backward()
+    assert runs == [True], "the prefix's layer was not recomputed in its backward"

@@ -345,6 +345,36 @@ def test_tool_state_is_fresh_per_interpreter_and_replayed_after_a_restart(shop_e
     assert "'count': 1" in shop_env.step(code("print(stock('a'))"))[0]
 
 
+def test_environments_of_one_process_share_one_tools_template_and_no_state():
+    """Every environment serving the same tools forks its tools' copies from one template
+    per process (one template each held ~25 MiB apiece); a copy starts from the pristine
+    template, so what one environment's tools did is not seen by another's, and the template
+    ends with the last environment."""
+    import psutil
+
+    from draco_gym.envs import python_tools
+
+    envs = [PythonToolsEnv(tools=[stock, opaque, read_catalogue, add], tasks=TASKS, step_timeout_s=5.0)
+            for _ in range(3)]
+    try:
+        for env in envs:
+            env.reset(options={"task_id": "sum"})
+        assert "'count': 1" in envs[0].step(code("print(stock('a'))"))[0]
+        assert "'count': 2" in envs[0].step(code("print(stock('b'))"))[0]
+        assert "'count': 1" in envs[1].step(code("print(stock('a'))"))[0]
+        templates = {psutil.Process(env._interpreter._tool_host._pid).ppid() for env in envs}
+        assert len(templates) == 1, "one template per environment"
+        (template,) = templates
+        envs[0].close()
+        assert psutil.pid_exists(template)  # still serving the others
+        assert "'count': 1" in envs[2].step(code("print(stock('c'))"))[0]
+    finally:
+        for env in envs:
+            env.close()
+    assert not psutil.pid_exists(template) or psutil.Process(template).status() == psutil.STATUS_ZOMBIE
+    assert not python_tools._TEMPLATES
+
+
 def test_a_lost_blocks_submission_is_not_kept_and_its_calls_are_recorded():
     from draco_gym.types import TOOL_CALLS
 

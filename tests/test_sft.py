@@ -20,7 +20,7 @@ def reference_accuracy(model_dir, task_ids) -> float:
     from draco_gym.algos.policy.chat import ChatFormat
     from draco_gym.algos.policy.generation import TorchSampler
     from draco_gym.bench.learning_setting import ENV_CONFIG
-    from draco_gym.algos.rllib.module import load_causal_lm
+    from draco_gym.algos.policy.lm import load_causal_lm
     from draco_gym.algos.policy.rollout import Episode, EpisodeLimits, run_episodes
     from draco_gym.envs.corridor import CorridorEnv
 

@@ -183,7 +183,9 @@ def test_a_knob_lives_in_run_only():
         (lambda c: c.training(reward_options={"judge": {"api_key": "sk-123"}}), ["reward_options", "api_key_env"]),
         (lambda c: c.policy(model=None), ["model is not set", ".policy(model=...)"]),
         (lambda c: c.training(lr=-1.0), ["GRPOConfig", "lr", "greater than 0"]),
-        (lambda c: c.env_runners(num_env_runners=0), ["num_env_runners", "greater than or equal to 1"]),
+        (lambda c: c.env_runners(num_env_runners=-1), ["num_env_runners", "greater than or equal to 0"]),
+        (lambda c: c.env_runners(num_env_runners=0).training(pipeline="one_step"),
+         ["pipeline: one_step", "num_env_runners: 0"]),
         (lambda c: c.environment(None), ["env is not set", ".environment(env=...)"]),
     ],
 )

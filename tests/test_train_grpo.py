@@ -74,6 +74,49 @@ def test_two_iterations_checkpoint_and_exact_resume(ray_session, tiny_model, tmp
     assert [r["trajectory"]["token_ids"] for r in rollouts[6:12]] == [r["trajectory"]["token_ids"] for r in rollouts[12:]]
 
 
+def test_without_env_runners_the_trainer_samples_on_the_learners_base_weights(ray_session, tiny_model, tmp_path):
+    """``num_env_runners: 0``: the trainer's process samples too, its env runner's module and its
+    learner's holding one copy of the frozen base weights; weight sync, checkpoints and an exact
+    resume work as with a remote runner."""
+    algo = make_config(tiny_model, tmp_path / "run").env_runners(num_env_runners=0).build_algo()
+    try:
+        group = algo.env_runner_group
+        assert group.num_remote_workers() == 0 and group.local_env_runner is not None
+        learner = algo.learner_group._learner.module["default_policy"]
+        sampler_base, learner_base = base_tensors(group.local_env_runner.module.lm), base_tensors(learner.lm)
+        assert sampler_base.keys() == learner_base.keys() and len(sampler_base) > 10
+        assert all(sampler_base[k].data_ptr() == learner_base[k].data_ptr() for k in sampler_base), \
+            "the process holds two copies of the base weights"
+        first = algo.train()
+        assert first["env_runners"]["num_episodes"] == 6 and list(algo.sampled_weights) == [0]
+        ckpt = algo.save_to_path(str(tmp_path / "ckpt"))
+        second = algo.train()
+        after_two = lora_state(algo)
+        assert any(np.abs(v).max() > 0 for k, v in after_two.items() if "lora_B" in k), "LoRA B never moved"
+        synced = runner_state(algo)
+        assert all(np.allclose(synced[k], after_two[k]) for k in after_two), "the trainer's sampler not synced"
+    finally:
+        algo.stop()
+    # the learner's state holds the adapter; the runner's part of the checkpoint, its version only
+    import pickle
+
+    assert pickle.loads((Path(ckpt) / "env_runner" / "state.pkl").read_bytes()) == {"weights_seq_no": 1}
+
+    restored = Algorithm.from_checkpoint(ckpt)
+    try:
+        again = restored.train()
+        resumed = lora_state(restored)
+    finally:
+        restored.stop()
+    assert again["env_runners"]["episode_return_mean"] == pytest.approx(second["env_runners"]["episode_return_mean"])
+    assert all(np.allclose(resumed[k], after_two[k], atol=1e-7) for k in after_two), "resume is not exact"
+
+
+def base_tensors(lm) -> dict:
+    """A PEFT model's frozen base parameters, by their name in the plain model."""
+    return {name.replace(".base_layer", ""): p for name, p in lm.named_parameters() if "lora_" not in name}
+
+
 @pytest.mark.slow
 def test_restore_puts_the_checkpoint_policy_on_every_env_runner(ray_session, tiny_model, tmp_path):
     """Restoring into a live trainer: an older checkpoint, while an earlier weight push to the

@@ -383,6 +383,10 @@ def env_runner_continuations(env_runner_group, *, outcome_key: str = "success", 
 
     def continue_fn(task_id: str, prefix_messages: list[str], k: int) -> list[float]:
         ids = env_runner_group.healthy_env_runner_ids()
+        local = env_runner_group.local_env_runner
+        if not ids and local is not None:  # num_env_runners: 0, the trainer's own
+            trajectories = local.continue_from(task_id, list(prefix_messages), k, seed)
+            return [_outcome(t, outcome_key, i) for i, t in enumerate(trajectories)]
         if not ids:
             raise RuntimeError("no healthy env runner to run ProVer's continuations on")
         trajectories = env_runner_group.foreach_env_runner(

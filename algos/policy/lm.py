@@ -9,6 +9,7 @@ so importing this module (through ``prefix``, ``batch``, ``tokens``) stays light
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Any
 
 
@@ -44,6 +45,38 @@ def load_causal_lm(path: str, dtype: str = "float32"):
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
+    return model
+
+
+# The frozen base weights this process holds, by (directory, dtype, parameter name): alive as
+# long as a model holding them is.
+_FROZEN_WEIGHTS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def load_frozen_base(path: str, dtype: str = "float32"):
+    """``load_causal_lm`` for a policy whose base weights never change (LoRA trains the
+    adapter only): where this process already holds the same weights (another policy module
+    loaded from the same directory in the same dtype), the new model's parameters are those
+    very tensors, so one process keeps one copy however many policy modules it builds. With
+    ``num_env_runners: 0`` the trainer's process holds both the env runner's sampling module and
+    the learner's. Never for a model whose base is merged into or trained: every holder would
+    see the change."""
+    import os
+
+    model = load_causal_lm(path, dtype)
+    key = (os.path.realpath(path), dtype)
+    shared = False
+    for name, param in model.named_parameters(remove_duplicate=False):
+        held = _FROZEN_WEIGHTS.get((*key, name))
+        if held is not None and held.shape == param.shape and held.dtype == param.dtype:
+            param.data = held.data
+            shared = True
+        else:
+            _FROZEN_WEIGHTS[(*key, name)] = param
+    if shared:
+        from draco_gym.algos.memory import release_freed_memory
+
+        release_freed_memory()  # the copy just loaded, now unreferenced
     return model
 
 

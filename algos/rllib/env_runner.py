@@ -275,7 +275,13 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return {}
 
     def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
-        return {COMPONENT_RL_MODULE: self.module.get_state(), WEIGHTS_SEQ_NO: self._weights_seq_no}
+        """The sampling adapter and its version; without the adapter where ``not_components``
+        names it (the trainer's checkpoint of its own runner: the learner's state holds it)."""
+        state = {WEIGHTS_SEQ_NO: self._weights_seq_no}
+        excluded = {not_components} if isinstance(not_components, str) else set(not_components or ())
+        if COMPONENT_RL_MODULE not in excluded:
+            state[COMPONENT_RL_MODULE] = self.module.get_state()
+        return state
 
     def set_state(self, state: dict) -> None:
         """The learner's adapter, when newer than this runner's. A ``RESTORED`` state (a

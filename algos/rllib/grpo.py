@@ -553,8 +553,7 @@ class GRPO(Algorithm):
         self._drop_drawn_ahead()
         ids, kwargs = self._sample_calls(tasks, seed=seed, temperature=temperature, group_size=group_size,
                                          stream_scoring=stream_scoring)
-        outs = self.env_runner_group.foreach_env_runner("sample", local_env_runner=False, remote_worker_ids=list(ids),
-                                                        kwargs=kwargs)
+        outs = _call_env_runners(self.env_runner_group, "sample", ids, kwargs)
         _check_answered(outs, ids, "returned no episodes")
         return self._gathered(ids, outs, self.sampler_version)
 
@@ -583,8 +582,7 @@ class GRPO(Algorithm):
         over them as ``sample`` shards tasks, so each runner scores the groups it sampled (a
         self-judge judges with that runner's policy copy)."""
         ids, shards = _shard(self.env_runner_group, groups)
-        outs = self.env_runner_group.foreach_env_runner("score", local_env_runner=False, remote_worker_ids=list(ids),
-                                                        kwargs=[{"groups": shard} for shard in shards])
+        outs = _call_env_runners(self.env_runner_group, "score", ids, [{"groups": shard} for shard in shards])
         _check_answered(outs, ids, "returned no scores")
         scored = [g for out in outs for g in out["groups"]]
         if [g.task_id for g in scored] != [g.task_id for g in groups]:
@@ -699,8 +697,12 @@ class GRPO(Algorithm):
                                              inference_only=True)[COMPONENT_LEARNER]
         restored = {COMPONENT_RL_MODULE: ray.put(state[COMPONENT_RL_MODULE]), WEIGHTS_SEQ_NO: state[WEIGHTS_SEQ_NO],
                     RESTORED: True}
-        self.env_runner_group.foreach_env_runner("set_state", local_env_runner=False, kwargs={"state": restored},
-                                                 timeout_seconds=self.config.run.resources.sync_timeout_s)
+        group = self.env_runner_group
+        if group.num_remote_workers():
+            group.foreach_env_runner("set_state", local_env_runner=False, kwargs={"state": restored},
+                                     timeout_seconds=self.config.run.resources.sync_timeout_s)
+        if group.local_env_runner is not None:
+            group.local_env_runner.set_state(restored)
 
     def _log(self, metrics: dict[str, Any]) -> None:
         """The iteration's metrics into RLlib's result tree (``env_runners/episode_return_mean``
@@ -837,15 +839,30 @@ def rollout_chunks(task_ids: list[str], group_size: int, max_episodes: int) -> l
     return [list(part) for part in np.array_split(np.array(task_ids, dtype=object), n)]
 
 
+# The id of the env runner in the trainer's own process (``num_env_runners: 0``), RLlib's.
+LOCAL_RUNNER = 0
+
+
 def _shard(runners, items: list) -> tuple[tuple[int, ...], tuple[list, ...]]:
     """Consecutive items per healthy env runner, as even as they divide; a runner left without
-    one (fewer items than runners) is not called."""
+    one (fewer items than runners) is not called. Without remote runners, every item goes to
+    the trainer's own (``LOCAL_RUNNER``)."""
     healthy = runners.healthy_env_runner_ids()
+    if not healthy and runners.local_env_runner is not None:
+        return (LOCAL_RUNNER,), (list(items),)
     if not healthy:
         raise RuntimeError("no healthy env runner to sample with")
     cuts = np.array_split(np.arange(len(items)), len(healthy))
     ids, shards = zip(*[(i, [items[k] for k in cut]) for i, cut in zip(healthy, cuts) if len(cut)])
     return ids, shards
+
+
+def _call_env_runners(runners, method: str, ids: tuple[int, ...], kwargs: list[dict]) -> list:
+    """``method`` on each env runner of ``ids`` with its keywords (one dict per runner), in
+    parallel, the answers in ``ids``' order; the trainer's own runner is called in place."""
+    if ids == (LOCAL_RUNNER,) and runners.local_env_runner is not None:
+        return [getattr(runners.local_env_runner, method)(**kwargs[0])]
+    return runners.foreach_env_runner(method, local_env_runner=False, remote_worker_ids=list(ids), kwargs=kwargs)
 
 
 def _check_answered(outs: list, ids: tuple[int, ...], what: str) -> None:

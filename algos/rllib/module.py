@@ -1,6 +1,7 @@
 """The policy as an RLlib ``RLModule``: a transformers causal LM with a PEFT LoRA adapter.
 
-The base weights are loaded from a local directory by every process that needs the policy
+The base weights are loaded from a local directory by every process that needs the policy,
+once per process (``lm.load_frozen_base``: the env runner and learner of one process share them),
 and never move; the adapter is the whole trainable state, so ``get_state`` returns LoRA
 tensors only, for weight sync and checkpoints alike (a 135M model's checkpoint is ~2 MB,
 not 540 MB). The reference policy of the KL term is the same network with the adapter
@@ -19,7 +20,7 @@ import torch
 from ray.rllib.core.rl_module.torch import TorchRLModule
 
 from draco_gym.algos.policy.iteration import LoRAPolicy
-from draco_gym.algos.policy.lm import add_lora, enable_activation_checkpointing, load_causal_lm
+from draco_gym.algos.policy.lm import add_lora, enable_activation_checkpointing, load_frozen_base
 from draco_gym.algos.policy.prefix import SharedPrefix
 
 
@@ -40,7 +41,7 @@ class HFPolicyModule(TorchRLModule):
             # busy one, more threads than free cores spin and run many times slower (measured:
             # 20x on 2 shared cores), hence opt-in.
             torch.set_num_threads(int(cfg["torch_threads"]))
-        self.lm = add_lora(load_causal_lm(cfg["model"], cfg.get("dtype", "float32")), cfg.get("lora"), cfg.get("seed", 0))
+        self.lm = add_lora(load_frozen_base(cfg["model"], cfg.get("dtype", "float32")), cfg.get("lora"), cfg.get("seed", 0))
         if cfg.get("gradient_checkpointing"):
             enable_activation_checkpointing(self.lm)
             # The learner's passes with gradient give a layer either no cache or a one-pass
