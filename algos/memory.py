@@ -62,7 +62,11 @@ def sample_tree(root) -> TreeSample:
     import psutil
 
     out = TreeSample(0, 0)
-    for proc in [root, *root.children(recursive=True)]:
+    try:
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:  # the root has ended: nothing left to sample
+        return out
+    for proc in tree:
         try:
             info = proc.memory_full_info()
             name = process_name(proc)

@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from draco_gym.envs import os_sandbox, tool_host
+from draco_gym.envs import os_sandbox
 from draco_gym.envs.base import CodeStepEnv, Execution, WorldLost
 from draco_gym.envs.os_sandbox import ProtocolError
 from draco_gym.envs.state_keys import call_key, last_call

@@ -1,6 +1,6 @@
 """The trace, trca and prover credit rules inside the real RLlib trainer (slow): one iteration each of TRCA and
-TRACE on PythonTools with a tiny random Llama, and ProVer's continuations run on a real env
-runner actor from a restored PythonTools prefix."""
+TRACE on PythonTools with a tiny random Llama, and ProVer's continuations run from a restored
+PythonTools prefix on a real env runner actor and on the trainer's own runner."""
 
 from __future__ import annotations
 
@@ -37,8 +37,10 @@ def test_one_iteration(ray_session, tiny_model, credit):
         algo.stop()
 
 
-def test_prover_continuations_on_the_env_runner(ray_session, tiny_model):
-    algo = config(tiny_model, "prover", judge=lambda messages: '{"start": 1, "end": 1}').build_algo()
+@pytest.mark.parametrize("runners", [1, 0], ids=["remote runner", "the trainer's own"])
+def test_prover_continuations_on_the_env_runner(ray_session, tiny_model, runners):
+    algo = config(tiny_model, "prover", judge=lambda messages: '{"start": 1, "end": 1}').env_runners(
+        num_env_runners=runners).build_algo()
     try:
         continue_fn = algo.credit_options()["continue_fn"]
         # replay one real step of a PythonTools task, then let the (random) policy finish twice

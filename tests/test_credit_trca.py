@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draco_gym.algos.credit import CREDIT_RULES, get_credit_rule
+from draco_gym.algos.credit import get_credit_rule
 from draco_gym.algos.credit.trca import (
     RuleFamily,
     TRCAOptions,

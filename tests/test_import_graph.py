@@ -14,7 +14,6 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY_ROOM = "draco_gym.algos.rllib"

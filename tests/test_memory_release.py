@@ -48,3 +48,17 @@ def test_freed_heap_pages_go_back_to_the_os():
     assert released["released"] is True
     # ... releasing returns nearly all of the 300 MiB
     assert released["freed"] - released["after"] > 250 * mib
+
+
+def test_the_tree_sampler_outlives_the_process_it_watches():
+    """A watched command that ends between two samples leaves an empty sample, not a dead
+    sampling thread (which would stop recording a peak with no error)."""
+    from draco_gym.algos.memory import TreeMemory
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    memory = TreeMemory(proc.pid, interval_s=0.05)
+    memory.sample()
+    assert memory.peak_pss > 0
+    proc.wait()
+    memory.sample()  # the root is gone
+    assert memory.peak_pss > 0

@@ -20,11 +20,10 @@ from __future__ import annotations
 import os
 import sys
 
-import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray")
-import ray.cloudpickle  # noqa: E402
+import ray.cloudpickle  # noqa: E402, F811 - the submodule, after the skip
 
 from draco_gym.algos.policy.vllm_runtime import SetupError, VLLMRuntime  # noqa: E402
 from draco_gym.reward import RubricReward  # noqa: E402

@@ -383,15 +383,14 @@ def env_runner_continuations(env_runner_group, *, outcome_key: str = "success", 
 
     def continue_fn(task_id: str, prefix_messages: list[str], k: int) -> list[float]:
         ids = env_runner_group.healthy_env_runner_ids()
-        local = env_runner_group.local_env_runner
-        if not ids and local is not None:  # num_env_runners: 0, the trainer's own
-            trajectories = local.continue_from(task_id, list(prefix_messages), k, seed)
-            return [_outcome(t, outcome_key, i) for i, t in enumerate(trajectories)]
-        if not ids:
+        if ids:
+            trajectories = env_runner_group.foreach_env_runner(
+                lambda runner: runner.continue_from(task_id, list(prefix_messages), k, seed),
+                local_env_runner=False, remote_worker_ids=ids[:1])[0]
+        elif env_runner_group.local_env_runner is not None:  # num_env_runners: 0, the trainer's own
+            trajectories = env_runner_group.local_env_runner.continue_from(task_id, list(prefix_messages), k, seed)
+        else:
             raise RuntimeError("no healthy env runner to run ProVer's continuations on")
-        trajectories = env_runner_group.foreach_env_runner(
-            lambda runner: runner.continue_from(task_id, list(prefix_messages), k, seed),
-            local_env_runner=False, remote_worker_ids=ids[:1])[0]
         return [_outcome(t, outcome_key, i) for i, t in enumerate(trajectories)]
 
     return continue_fn
