@@ -50,7 +50,7 @@ class HFPolicyModule(TorchRLModule):
             for m in self.lm.modules():
                 if getattr(m, "gradient_checkpointing", False):
                     m._can_checkpoint_with_cache = True
-        self.lm.eval()  # dropout is already 0; eval() also keeps it off if train() is called
+        self.lm.eval()  # sampling's mode; a pass with gradient switches to training mode (LoRAPolicy)
         self.policy = LoRAPolicy(self.lm, self.temperature)
 
     # -- RLlib forward passes: the framework-neutral policy's (``policy.iteration.LoRAPolicy``) --
