@@ -78,6 +78,8 @@ def test_without_env_runners_the_trainer_samples_on_the_learners_base_weights(ra
     """``num_env_runners: 0``: the trainer's process samples too, its env runner's module and its
     learner's holding one copy of the frozen base weights; weight sync, checkpoints and an exact
     resume work as with a remote runner."""
+    from draco_gym.algos.rllib.env_runner import weights_digest
+
     algo = make_config(tiny_model, tmp_path / "run").env_runners(num_env_runners=0).build_algo()
     try:
         group = algo.env_runner_group
@@ -105,7 +107,9 @@ def test_without_env_runners_the_trainer_samples_on_the_learners_base_weights(ra
     restored = Algorithm.from_checkpoint(ckpt)
     try:
         again = restored.train()
-        resumed = lora_state(restored)
+        resumed = {k: v.clone() for k, v in lora_state(restored).items()}  # get_state's tensors are the live ones
+        restored.restore_from_path(ckpt)  # an older policy, into the live trainer: its sampler takes it too
+        assert weights_digest(runner_state(restored)) == weights_digest(lora_state_from_checkpoint(ckpt))
     finally:
         restored.stop()
     assert again["env_runners"]["episode_return_mean"] == pytest.approx(second["env_runners"]["episode_return_mean"])
@@ -129,7 +133,6 @@ def test_restore_puts_the_checkpoint_policy_on_every_env_runner(ray_session, tin
     algo = make_config(tiny_model, tmp_path / "run").build_algo()
     try:
         algo.train()
-        checkpointed = weights_digest(lora_state(algo))
         ckpt = algo.save_to_path(str(tmp_path / "ckpt"))
         algo.train()
         assert weights_digest(lora_state(algo)) != checkpointed
