@@ -133,6 +133,7 @@ def test_restore_puts_the_checkpoint_policy_on_every_env_runner(ray_session, tin
     algo = make_config(tiny_model, tmp_path / "run").build_algo()
     try:
         algo.train()
+        checkpointed = weights_digest(lora_state(algo))
         ckpt = algo.save_to_path(str(tmp_path / "ckpt"))
         algo.train()
         assert weights_digest(lora_state(algo)) != checkpointed
