@@ -17,7 +17,10 @@ elsewhere RSS stands in for it).
 from __future__ import annotations
 
 import os
+import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 GIB = 2**30
@@ -140,12 +143,95 @@ class TreeMemory:
 
 
 
-_LIBC: list = []  # glibc's handle, once looked up ([None] off glibc)
+_HEAP: list = []  # (name, release function) of this process's allocator, once looked up
+
+
+def mimalloc_library() -> str | None:
+    """The path of mimalloc's shared library from the ``cmeel-mimalloc`` wheel (a Linux
+    dependency of the ``rllib`` extra), or None where it is not installed."""
+    from importlib import metadata
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        files = metadata.distribution("cmeel-mimalloc").files or []
+    except metadata.PackageNotFoundError:
+        return None
+    for file in files:
+        if file.name.startswith("libmimalloc.so"):
+            path = file.locate()
+            if os.path.isfile(path):
+                return str(path)
+    return None
+
+
+def allocator_env(allocator: str) -> dict[str, str]:
+    """The variables that start a new process on ``allocator`` (``resources.allocator``): for
+    ``"mimalloc"``, ``LD_PRELOAD`` naming its library; nothing for ``"system"`` or where the
+    library is missing (the C library's allocator then, with a higher peak).
+
+    Why: the processes that hold the policy allocate and free tensors of every size in turns
+    (the sampler's KV caches, the learner's activations). glibc's heap keeps freed blocks below
+    its top resident until a trim and splits them for smaller requests, so a learner step ends
+    up 0.4-0.5 GiB above what it holds live; mimalloc reuses them by size class and returns
+    the pages of emptied segments as it goes, at the same speed on this job (measured in
+    docs/benchmarks.md). A variable a user already exported in ``LD_PRELOAD`` stays ahead of
+    it."""
+    library = mimalloc_library() if allocator == "mimalloc" else None
+    if library is None:
+        return {}
+    preload = os.environ.get("LD_PRELOAD", "")
+    return {"LD_PRELOAD": f"{preload} {library}".strip() if preload else library}
+
+
+@contextmanager
+def started_with(env: dict[str, str]) -> Iterator[None]:
+    """``env`` in this process's environment for the block, the earlier values after it: for
+    a child process that must be started with them (``LD_PRELOAD`` works only from a
+    process's start)."""
+    before = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def heap_allocator() -> str | None:
+    """``"mimalloc"`` or ``"glibc"``: the allocator this process's ``malloc`` is; None when it
+    is neither (then ``release_freed_memory`` has nothing to call)."""
+    return _heap()[0]
+
+
+def _heap() -> tuple[str | None, object]:
+    import ctypes
+    import ctypes.util
+
+    if not _HEAP:
+        process = ctypes.CDLL(None)  # the symbols every loaded library exports, preloads first
+        if hasattr(process, "mi_collect"):
+            process.mi_collect.argtypes = [ctypes.c_bool]
+            _HEAP.append(("mimalloc", lambda: process.mi_collect(True)))
+        else:
+            name = ctypes.util.find_library("c")
+            try:
+                libc = ctypes.CDLL(name) if name else None
+            except OSError:
+                libc = None
+            if libc is not None and hasattr(libc, "malloc_trim"):
+                _HEAP.append(("glibc", lambda: libc.malloc_trim(0)))
+            else:
+                _HEAP.append((None, None))
+    return _HEAP[0]
 
 
 def release_freed_memory() -> bool:
-    """Hand the pages this process's heap holds free back to the OS (glibc's ``malloc_trim``);
-    False where there is no glibc.
+    """Hand the pages this process's heap holds free back to the OS (glibc's ``malloc_trim``,
+    mimalloc's ``mi_collect``); False where the allocator is neither.
 
     A run's processes take turns: the env runner samples while the learner waits, then the
     learner steps while the env runner waits. Without this, each keeps the pages of its own
@@ -154,17 +240,8 @@ def release_freed_memory() -> bool:
     on 64-bit) with the blocks freed, and activations and KV caches are mostly smaller blocks,
     freed in an order that leaves holes below the heap's top. Called at the end of each phase;
     it costs milliseconds."""
-    import ctypes
-    import ctypes.util
-
-    if not _LIBC:
-        name = ctypes.util.find_library("c")
-        try:
-            libc = ctypes.CDLL(name) if name else None
-            _LIBC.append(libc if libc is not None and hasattr(libc, "malloc_trim") else None)
-        except OSError:
-            _LIBC.append(None)
-    if _LIBC[0] is None:
+    release = _heap()[1]
+    if release is None:
         return False
-    _LIBC[0].malloc_trim(0)
+    release()
     return True

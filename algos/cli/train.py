@@ -167,16 +167,21 @@ def warm_start_from_config(config):
     return warm_start(config)
 
 
-def in_child_process(function, *args):
-    """``function(*args)`` in a fresh process, its result or exception returned here: the
-    warm start's model and optimizer, and the before evaluation's policy and learner (an
-    Algorithm built in the calling process), leave with the process instead of staying in
-    this one's heap for the rest of the run (Ray's actors hold the policy from then on)."""
+def in_child_process(function, config, *args):
+    """``function(config, *args)`` in a fresh process started on ``config.resources.allocator``,
+    its result or exception returned here: the warm start's model and optimizer, and the before
+    evaluation's policy and learner (an Algorithm built in the calling process), leave with the
+    process instead of staying in this one's heap for the rest of the run (Ray's actors hold the
+    policy from then on)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    from draco_gym.algos.memory import allocator_env, started_with
+
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(function, *args).result()
+        with started_with(allocator_env(config.resources.allocator)):
+            future = pool.submit(function, config, *args)  # starts the process
+        return future.result()
 
 
 def check_task_ids(config) -> None:

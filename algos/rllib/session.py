@@ -16,6 +16,7 @@ from types import ModuleType
 import ray
 
 from draco_gym.algos.config import ResourcesSection
+from draco_gym.algos.memory import allocator_env
 
 # Workers stay quiet (their errors still reach Tune's trial error) and tokenizers do not
 # fork-warn in every actor.
@@ -41,8 +42,9 @@ def require_no_ray_session(command: str) -> None:
 def start_ray(resources: ResourcesSection) -> None:
     """Ray for this run, with GRPO registered for Tune: the cluster at ``ray_address``
     (else ``$RAY_ADDRESS``) when one is given, otherwise a local one this process starts,
-    sized by ``ray_num_cpus`` and ``object_store_memory_mb``. Raises ``RaySessionOpen`` when
-    this process already runs Ray."""
+    sized by ``ray_num_cpus`` and ``object_store_memory_mb``, its workers started on
+    ``resources.allocator`` (Ray's own processes keep the C library's; a cluster's nodes keep
+    what they were started with). Raises ``RaySessionOpen`` when this process already runs Ray."""
     from draco_gym.algos.rllib.grpo import register_with_tune
 
     require_no_ray_session("this command")
@@ -55,6 +57,7 @@ def start_ray(resources: ResourcesSection) -> None:
         print(f"joining the Ray cluster at {address} ...", flush=True)
         ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
     else:
+        runtime_env["env_vars"].update(allocator_env(resources.allocator))
         ray.init(num_cpus=resources.ray_num_cpus, object_store_memory=resources.object_store_memory_mb * 2**20,
                  include_dashboard=False, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
     register_with_tune()
