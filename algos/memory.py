@@ -185,20 +185,26 @@ def allocator_env(allocator: str) -> dict[str, str]:
 
 
 @contextmanager
-def started_with(env: dict[str, str]) -> Iterator[None]:
+def started_with(env: dict[str, str]) -> Iterator[dict[str, str | None]]:
     """``env`` in this process's environment for the block, the earlier values after it: for
     a child process that must be started with them (``LD_PRELOAD`` works only from a
-    process's start)."""
+    process's start). Yields the earlier values (None: unset), for the child to put back
+    with ``set_environ`` so that what it starts in turn does not inherit them."""
     before = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
     try:
-        yield
+        yield before
     finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        set_environ(before)
+
+
+def set_environ(values: dict[str, str | None]) -> None:
+    """Each variable set to its value, or unset where the value is None."""
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def heap_allocator() -> str | None:

@@ -176,11 +176,15 @@ def in_child_process(function, config, *args):
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from draco_gym.algos.memory import allocator_env, started_with
+    from draco_gym.algos.memory import allocator_env, set_environ, started_with
 
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        with started_with(allocator_env(config.resources.allocator)):
-            future = pool.submit(function, config, *args)  # starts the process
+    with started_with(allocator_env(config.resources.allocator)) as before:
+        # the child puts the variables back first: the Ray it starts keeps the C library's
+        # allocator in its own processes, like the command's (its workers get mimalloc from start_ray)
+        pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=set_environ, initargs=(before,))
+        future = pool.submit(function, config, *args)  # starts the process
+    with pool:
         return future.result()
 
 
