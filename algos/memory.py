@@ -185,15 +185,14 @@ def allocator_env(allocator: str) -> dict[str, str]:
 
 
 @contextmanager
-def started_with(env: dict[str, str]) -> Iterator[dict[str, str | None]]:
+def started_with(env: dict[str, str]) -> Iterator[None]:
     """``env`` in this process's environment for the block, the earlier values after it: for
     a child process that must be started with them (``LD_PRELOAD`` works only from a
-    process's start). Yields the earlier values (None: unset), for the child to put back
-    with ``set_environ`` so that what it starts in turn does not inherit them."""
+    process's start)."""
     before = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
     try:
-        yield before
+        yield
     finally:
         set_environ(before)
 

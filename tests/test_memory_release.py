@@ -98,7 +98,6 @@ def test_the_warm_start_and_evaluation_children_start_on_the_configs_allocator(a
 
 @linux
 def test_the_workers_of_a_ray_the_command_starts_run_on_mimalloc_and_rays_own_processes_do_not():
-    psutil = pytest.importorskip("psutil")
     ray = pytest.importorskip("ray")
     from draco_gym.algos.config import ResourcesSection
     from draco_gym.algos.memory import heap_allocator

@@ -174,17 +174,19 @@ def in_child_process(function, config, *args):
     process instead of staying in this one's heap for the rest of the run (Ray's actors hold the
     policy from then on)."""
     import multiprocessing
+    import os
     from concurrent.futures import ProcessPoolExecutor
 
     from draco_gym.algos.memory import allocator_env, set_environ, started_with
 
-    with started_with(allocator_env(config.resources.allocator)) as before:
-        # the child puts the variables back first: the Ray it starts keeps the C library's
-        # allocator in its own processes, like the command's (its workers get mimalloc from start_ray)
-        pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=set_environ, initargs=(before,))
-        future = pool.submit(function, config, *args)  # starts the process
-    with pool:
+    env = allocator_env(config.resources.allocator)
+    # the child puts the variables back first: the Ray it starts keeps the C library's
+    # allocator in its own processes, like the command's (its workers get mimalloc from start_ray)
+    ours = {name: os.environ.get(name) for name in env}
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=set_environ, initargs=(ours,)) as pool:
+        with started_with(env):
+            future = pool.submit(function, config, *args)  # starts the process
         return future.result()
 
 
