@@ -145,6 +145,48 @@ def test_sampler_is_reproducible_and_stops_at_eos(tiny):
         assert tok.eos_token_id not in s.token_ids[:-1]
 
 
+def test_session_decodes_into_its_cache_in_place(tiny, monkeypatch):
+    """The session's KV cache (growing layers written in place, a turn's room reserved before
+    decoding) samples what transformers' own concatenating cache samples, over turns that
+    append observations of unequal length and drop a row; and a turn copies the cache once
+    (the room it reserves), not once per decoded token."""
+    from transformers import DynamicCache
+
+    from draco_gym.algos.policy import generation
+
+    path, tok = tiny
+    module = make_module(path, temperature=0.8)
+    sampler = TorchSampler(module.lm, eos_ids=[tok.eos_token_id], pad_id=tok.pad_token_id, temperature=0.8)
+    prompts = [tok.encode("You are a helpful agent. print(add(2, 3))")] * 2 + [tok.encode("The answer is")]
+    layer_class = generation._growing_layer_class()
+    resize = layer_class._resize
+    copies = []
+
+    def counted(self, capacity):
+        copies.append(capacity)
+        resize(self, capacity)
+
+    def play():
+        session = sampler.session(prompts)
+        first = session.sample([6, 9, 4], seed=1)
+        session.extend([tok.encode("42"), tok.encode("Traceback: NameError"), []])
+        session.keep([0, 2])
+        copies.clear()
+        second = session.sample([12, 5], seed=2)
+        return [(s.token_ids, s.logprobs) for s in first + second], session
+
+    monkeypatch.setattr(layer_class, "_resize", counted)
+    growing, session = play()
+    assert len(copies) == len(session.cache.layers), "decoding copied the cache"
+    assert all(type(layer) is layer_class for layer in session.cache.layers)
+    assert session.cache.get_seq_length() == session.mask.shape[1]
+    monkeypatch.setattr(generation, "growing_cache", lambda model: DynamicCache(config=model.config))
+    concatenating, _ = play()
+    assert [ids for ids, _ in growing] == [ids for ids, _ in concatenating]
+    for (_, a), (_, b) in zip(growing, concatenating):
+        assert np.allclose(a, b, atol=1e-6)
+
+
 def test_module_state_is_the_adapter_only(tiny):
     path, _ = tiny
     module = make_module(path)

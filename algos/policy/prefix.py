@@ -1,7 +1,7 @@
 """Prefix sharing: the tokens a group's sequences have in common are computed once.
 
-The G rollouts of a task begin with the same prompt, and in agent tasks the prompt is most
-of every sequence (the quickstart's is ~1,500 tokens; a turn samples 64). The sampler and
+The G rollouts of a task begin with the same prompt, and in agent tasks the prompt is a large
+part of every sequence (the quickstart's is 358 tokens; a turn samples 64). The sampler and
 the learner both encode such a shared prefix once, batch 1, and let every row's own
 continuation attend to its cached keys and values:
 
