@@ -31,15 +31,23 @@ taking turns so that each sees the same machine. Printed per variant:
   policy tokens only). Attention's score FLOPs are not counted. The 6N convention (forward
   2N, backward 4N) sits close to the work done here: the frozen weights' own gradients are
   skipped (-2N) and the reference forward added (+2N);
-- the matmul limit, measured right after each timed iteration in the same process and
-  threads: for every linear shape of that path and the head, [tokens x in] @ [in x out] and
+- the matmul limit, measured right before and right after each timed iteration in the same
+  process and threads (the higher of the two: a shared machine's speed moves between
+  minutes): for every linear shape of that path and the head, [tokens x in] @ [in x out] and
   the two matmuls of its backward, on inputs of a micro-batch's tokens (the head's: the
-  iteration's policy tokens, up to that), timed (fastest of 3), summed with the model's
-  weights: the FLOP/s a learner doing nothing but those matmuls would get.
+  iteration's policy tokens, up to that), each the fastest of 5 into preallocated outputs,
+  summed with the model's weights: the FLOP/s a learner doing nothing but those matmuls
+  would get;
+- the same share with attention's FLOPs counted too (PaLM's convention, appendix B of
+  Chowdhery et al. 2022): QK^T and the weighted sum of V, 4 x heads x head_dim FLOPs per key
+  a query attends to (causal keys only; a shared prefix once per group) in a forward, three
+  forwards' worth for the policy's forward and backward, one for the reference's. At an
+  agent's context lengths (~840 tokens a row here against a width of 576) attention is a
+  quarter of the work, which the 6N count leaves out.
 
-The last line is the learner's share of that limit (chunked, the first micro-batch size;
-the median over its iterations of each one's FLOP/s over the limit measured right after it).
-Goal: >= 0.5.
+The last line is the learner's share of that limit by the 6N count (chunked, the first
+micro-batch size; the median over its iterations of each one's FLOP/s over the limit measured
+beside it). Goal: >= 0.5.
 """
 
 from __future__ import annotations
@@ -137,18 +145,20 @@ def linear_shapes(lm) -> dict[tuple[int, int], int]:
 
 def matmul_rate(shapes: dict[tuple[int, int], int], rows: int, head: tuple[int, int], head_rows: int,
                 head_count: float) -> float:
-    """FLOP/s of a forward and backward's matmuls (y = x W^T, dx = dy W, dW = dy^T x) over
-    these shapes, weighted by their counts (the head's by its share of the tokens)."""
+    """FLOP/s of a forward and backward's matmuls (y = x W^T, dx = dy W, dW = x^T dy) over
+    these shapes, weighted by their counts (the head's by its share of the tokens); each the
+    fastest of 5, into preallocated outputs (the machine's best, not its allocator's)."""
     import torch
 
     def timed(m: int, k: int, n: int) -> float:
         x, w, dy = torch.randn(m, k), torch.randn(n, k), torch.randn(m, n)
+        y, dx, dw = torch.empty(m, n), torch.empty(m, k), torch.empty(k, n)
         best = float("inf")
-        for _ in range(3):
+        for _ in range(5):
             t0 = time.perf_counter()
-            x @ w.T
-            dy @ w
-            dy.T @ x
+            torch.mm(x, w.T, out=y)
+            torch.mm(dy, w, out=dx)
+            torch.mm(x.T, dy, out=dw)
             best = min(best, time.perf_counter() - t0)
         return best
 
@@ -209,7 +219,7 @@ def setup_variant(config_path: str, mode: str, micro_batch_tokens: int | None, l
 
 
 def batch_figures(module, batch, share_prefix: bool) -> dict:
-    """The iteration's counted FLOPs (module docstring) and its token counts."""
+    """The iteration's counted FLOPs and attention's (module docstring), and its token counts."""
     from draco_gym.algos.policy.lm import decoder_and_head
     from draco_gym.algos.policy.prefix import prefix_groups
 
@@ -220,7 +230,15 @@ def batch_figures(module, batch, share_prefix: bool) -> dict:
     backbone_tokens = sum(lengths) - shared
     n_path = sum(count * k * n for (k, n), count in linear_shapes(module.lm).items())
     head = decoder_and_head(module.lm)[1]
+    config = module.lm.get_base_model().config
+    width = config.num_attention_heads * (getattr(config, "head_dim", None)
+                                         or config.hidden_size // config.num_attention_heads)
+    keys = 0  # causal keys attended to, summed over the queries the backbone computes
+    for g in groups:
+        p = g.length if share_prefix else 0
+        keys += p * (p + 1) // 2 + sum((lengths[r] * (lengths[r] + 1) - p * (p + 1)) // 2 for r in g.rows)
     return {"flops": 6 * n_path * backbone_tokens + 6 * head.in_features * head.out_features * n_policy,
+            "attention_flops": 16 * width * config.num_hidden_layers * keys,
             "rows": len(lengths), "tokens": sum(lengths), "backbone_tokens": backbone_tokens,
             "policy_tokens": n_policy, "n_path": n_path,
             "layers": module.lm.get_base_model().config.num_hidden_layers}
@@ -228,16 +246,19 @@ def batch_figures(module, batch, share_prefix: bool) -> dict:
 
 def timed_iteration() -> dict:
     """One learner iteration: its seconds, this process's peak PSS during it and its PSS
-    before; then, at once, the matmul limit of its shapes (so both see the same machine)."""
+    before; and the matmul limit of its shapes measured right before and right after it (so
+    both see the same machine), the higher of the two."""
     from draco_gym.algos.memory import TreeMemory, release_freed_memory
 
     release_freed_memory()  # as the trainer's learner does after each step
+    limit_before = matmul_limit()
     memory = TreeMemory(os.getpid(), interval_s=0.1)
     before = memory.root.memory_full_info().pss
     with memory:
         seconds = _STATE["iteration"]()
     release_freed_memory()  # the other variants' turn: this one keeps only what it holds
-    return {"seconds": seconds, "peak": memory.peak_pss, "before": before, "limit": matmul_limit()}
+    return {"seconds": seconds, "peak": memory.peak_pss, "before": before,
+            "limit": max(limit_before, matmul_limit())}
 
 
 def matmul_limit() -> float:
@@ -289,21 +310,25 @@ def main(argv=None) -> int:
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start, "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end ==")
     print(f"counted FLOPs: 6 x {first['n_path'] / 1e6:.1f}M path parameters x {first['backbone_tokens']} tokens + "
-          f"6 x head x {first['policy_tokens']} policy tokens = {first['flops'] / 1e12:.2f} TFLOP per iteration")
-    print(f"{'mode':<13}{'micro':>6}{'s/iter':>8}{'GFLOP/s':>9}{'matmul GFLOP/s':>16}{'share':>7}{'peak PSS GiB':>14}"
-          f"{'step adds GiB':>15}{'max RSS GiB':>13}")
+          f"6 x head x {first['policy_tokens']} policy tokens = {first['flops'] / 1e12:.2f} TFLOP per iteration; "
+          f"attention {first['attention_flops'] / 1e12:.2f} TFLOP more")
+    print(f"{'mode':<13}{'micro':>6}{'s/iter':>8}{'GFLOP/s':>9}{'matmul GFLOP/s':>16}{'share':>7}{'+attn':>7}"
+          f"{'peak PSS GiB':>14}{'step adds GiB':>15}{'max RSS GiB':>13}")
     rows = {}
     for mode, mbt in variants:
         best = min(runs[mode, mbt], key=lambda r: r["seconds"])
         share = statistics.median(first["flops"] / r["seconds"] / r["limit"] for r in runs[mode, mbt])
+        with_attention = statistics.median((first["flops"] + first["attention_flops"]) / r["seconds"] / r["limit"]
+                                           for r in runs[mode, mbt])
         peak = max(r["peak"] for r in runs[mode, mbt])
         adds = max(r["peak"] - r["before"] for r in runs[mode, mbt])
         rows[mode, mbt] = {"seconds": best["seconds"], "share": share, "peak": peak}
         print(f"{mode:<13}{mbt or config_mbt:>6}{best['seconds']:>8.2f}{first['flops'] / best['seconds'] / 1e9:>9.1f}"
-              f"{best['limit'] / 1e9:>16.1f}{share:>7.2f}{peak / gib:>14.2f}{adds / gib:>15.2f}"
+              f"{best['limit'] / 1e9:>16.1f}{share:>7.2f}{with_attention:>7.2f}{peak / gib:>14.2f}{adds / gib:>15.2f}"
               f"{peaks[mode, mbt] / gib:>13.2f}")
-    print("(s/iter, GFLOP/s: the fastest iteration, and the matmul limit measured right after it; share: the median "
-          "over iterations of each one's FLOP/s over the limit measured right after it)")
+    print("(s/iter, GFLOP/s: the fastest iteration, and the matmul limit measured beside it; share: the median "
+          "over iterations of each one's FLOP/s over the limit measured beside it; +attn: the same with attention's "
+          "FLOPs counted too)")
     for mode, what in MODES.items():
         if mode in args.modes:
             print(f"  {mode}: {what}")

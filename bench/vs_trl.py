@@ -30,7 +30,10 @@ tokens the update took, on-policy: the generated ones), the process tree's peak 
 mean reward and success over all N iterations with a 95% interval, to show that both trained
 on comparable episodes. The load average is printed beside each run (a shared machine makes
 every wall figure noisy; the runs of a pair follow each other, so their ratio is the fairer
-figure). The last line: ``draco-gym / TRL: wall X, memory Y`` for the first pair.
+figure). Per pair, the iteration is split into its rollout (the same ``EnvRollout`` code in both, so the
+same seconds up to noise) and the rest (the update, weight sync, bookkeeping): the wall ratio
+cannot fall below the one draco-gym's rollout alone gives, however fast its update. The last
+line: ``draco-gym / TRL: wall X, memory Y`` for the first pair.
 """
 
 from __future__ import annotations
@@ -171,7 +174,7 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
 def per_iteration(r: dict) -> dict:
     later = slice(1, None)
     tokens = r["generated_tokens"][later]
-    return {"wall": statistics.median(r["wall"][later]),
+    return {"wall": statistics.median(r["wall"][later]), "rollout": statistics.median(r["rollout_s"][later]),
             "generated_per_s": sum(tokens) / sum(r["rollout_s"][later]),
             "trained_per_s": sum(tokens) / sum(r["wall"][later])}
 
@@ -215,6 +218,11 @@ def main(argv=None) -> int:
         (m1, h1), (m2, h2) = (mean_ci(results[t]["rewards"]) for t in TRAINERS)
         verdict = "differ beyond their 95% intervals" if abs(m1 - m2) > h1 + h2 else "comparable (95% intervals overlap)"
         print(f"{credit} pair: rewards {verdict}; draco-gym / TRL: wall {wall:.2f}, memory {memory:.2f}")
+        print(f"  per iteration, rollout (the same EnvRollout in both) + the rest (update, sync, bookkeeping): "
+              f"draco-gym {dg['rollout']:.1f} + {dg['wall'] - dg['rollout']:.1f} s, "
+              f"TRL {trl['rollout']:.1f} + {trl['wall'] - trl['rollout']:.1f} s; the wall ratio draco-gym's rollout "
+              f"alone would give: {dg['rollout'] / trl['wall']:.2f}, the rest's ratio: "
+              f"{(dg['wall'] - dg['rollout']) / (trl['wall'] - trl['rollout']):.2f}")
         ratios.append((wall, memory))
     wall, memory = ratios[0]
     print(f"draco-gym / TRL: wall {wall:.2f}, memory {memory:.2f}")
