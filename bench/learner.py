@@ -42,8 +42,8 @@ taking turns so that each sees the same machine. Printed per variant:
   Chowdhery et al. 2022): QK^T and the weighted sum of V, 4 x heads x head_dim FLOPs per key
   a query attends to (causal keys only; a shared prefix once per group) in a forward, three
   forwards' worth for the policy's forward and backward, one for the reference's. At an
-  agent's context lengths (~840 tokens a row here against a width of 576) attention is a
-  quarter of the work, which the 6N count leaves out.
+  agent's context lengths (~840 tokens a row here against a width of 576) attention adds a
+  fifth to the 6N count, which leaves it out.
 
 The last line is the learner's share of that limit by the 6N count (chunked, the first
 micro-batch size; the median over its iterations of each one's FLOP/s over the limit measured
@@ -241,7 +241,7 @@ def batch_figures(module, batch, share_prefix: bool) -> dict:
             "attention_flops": 16 * width * config.num_hidden_layers * keys,
             "rows": len(lengths), "tokens": sum(lengths), "backbone_tokens": backbone_tokens,
             "policy_tokens": n_policy, "n_path": n_path,
-            "layers": module.lm.get_base_model().config.num_hidden_layers}
+            "layers": config.num_hidden_layers}
 
 
 def timed_iteration() -> dict:

@@ -30,10 +30,10 @@ tokens the update took, on-policy: the generated ones), the process tree's peak 
 mean reward and success over all N iterations with a 95% interval, to show that both trained
 on comparable episodes. The load average is printed beside each run (a shared machine makes
 every wall figure noisy; the runs of a pair follow each other, so their ratio is the fairer
-figure). Per pair, the iteration is split into its rollout (the same ``EnvRollout`` code in both, so the
-same seconds up to noise) and the rest (the update, weight sync, bookkeeping): the wall ratio
-cannot fall below the one draco-gym's rollout alone gives, however fast its update. The last
-line: ``draco-gym / TRL: wall X, memory Y`` for the first pair.
+figure). Per pair, the iteration is split into its rollout (the same ``EnvRollout`` code in
+both, its seconds following the episodes drawn) and the rest (the update, weight sync,
+bookkeeping): the wall ratio cannot fall below the one draco-gym's rollout alone gives,
+however fast its update. The last line: ``draco-gym / TRL: wall X, memory Y`` for the first pair.
 """
 
 from __future__ import annotations
