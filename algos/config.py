@@ -75,7 +75,9 @@ class PolicySection(_Section):
                                                                              "the engine takes")
     gradient_checkpointing: bool = Field(False, description="recompute each decoder layer in the backward (learner "
                                                             "and warm start): less activation memory, one more forward")
-    torch_threads: int | None = Field(None, ge=1, description="intra-op threads per process (null: Ray's, one per reserved CPU)")
+    torch_threads: int | None = Field(None, ge=1, description="intra-op threads per process (null: Ray's, one per "
+                                                              "reserved CPU; a trial with no env runner or learner "
+                                                              "actor reserves every CPU of the Ray its command starts)")
 
     @field_validator("model")
     @classmethod

@@ -135,6 +135,10 @@ def draco_gym_figures(out: Path) -> dict:
     return {
         "wall": [r["time_this_iter_s"] for r in rows],
         "rollout_s": [r["timers/phases/generation"] + r["timers/phases/env"] for r in rows],
+        # with rollout.pipeline: one_step the env runner samples during the update: only the
+        # wait for its sample is the iteration's
+        "rollout_wall_s": [r.get("timers/waited_for_sample", r["timers/phases/generation"] + r["timers/phases/env"])
+                           for r in rows],
         "generated_tokens": [r["env_runners/num_generated_tokens"] for r in rows],
         "rewards": [r["score"]["reward"] for r in train if r.get("score")],
         "success": [bool(r["trajectory"]["metrics"].get("success")) for r in train],
@@ -174,7 +178,8 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
 def per_iteration(r: dict) -> dict:
     later = slice(1, None)
     tokens = r["generated_tokens"][later]
-    return {"wall": statistics.median(r["wall"][later]), "rollout": statistics.median(r["rollout_s"][later]),
+    return {"wall": statistics.median(r["wall"][later]),
+            "rollout": statistics.median(r.get("rollout_wall_s", r["rollout_s"])[later]),
             "generated_per_s": sum(tokens) / sum(r["rollout_s"][later]),
             "trained_per_s": sum(tokens) / sum(r["wall"][later])}
 
@@ -218,7 +223,8 @@ def main(argv=None) -> int:
         (m1, h1), (m2, h2) = (mean_ci(results[t]["rewards"]) for t in TRAINERS)
         verdict = "differ beyond their 95% intervals" if abs(m1 - m2) > h1 + h2 else "comparable (95% intervals overlap)"
         print(f"{credit} pair: rewards {verdict}; draco-gym / TRL: wall {wall:.2f}, memory {memory:.2f}")
-        print(f"  per iteration, rollout (the same EnvRollout in both) + the rest (update, sync, bookkeeping): "
+        print(f"  per iteration, rollout (the same EnvRollout in both; with the one-step pipeline the wait for "
+              f"the sample drawn during the last update) + the rest (update, sync, bookkeeping): "
               f"draco-gym {dg['rollout']:.1f} + {dg['wall'] - dg['rollout']:.1f} s, "
               f"TRL {trl['rollout']:.1f} + {trl['wall'] - trl['rollout']:.1f} s; the wall ratio draco-gym's rollout "
               f"alone would give: {dg['rollout'] / trl['wall']:.2f}, the rest's ratio: "

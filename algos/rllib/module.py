@@ -36,10 +36,11 @@ class HFPolicyModule(TorchRLModule):
             raise ValueError("HFPolicyModule needs model_config['model'], a local model directory")
         self.temperature = float(cfg.get("temperature", 1.0))
         if cfg.get("torch_threads"):
-            # Ray sets an actor's threads to its CPU reservation (often 1). Sampling and
-            # learning alternate, so on an idle machine each may use every core in turn; on a
-            # busy one, more threads than free cores spin and run many times slower (measured:
-            # 20x on 2 shared cores), hence opt-in.
+            # Ray sets an actor's threads to its CPU reservation (a trial alone on the Ray
+            # its command started reserves them all: runs.reserve_every_cpu). More threads
+            # than the reservation can pay on an idle machine, where the actors' work takes
+            # turns; on a busy one, more threads than free cores spin and run many times
+            # slower (measured: 20x on 2 shared cores), hence opt-in.
             torch.set_num_threads(int(cfg["torch_threads"]))
         self.lm = add_lora(load_frozen_base(cfg["model"], cfg.get("dtype", "float32")), cfg.get("lora"), cfg.get("seed", 0))
         if cfg.get("gradient_checkpointing"):

@@ -70,7 +70,8 @@ def fit(config: RunConfig, algo_config: GRPOConfig, progress: ProgressCallback, 
                                      plots_dir=output_dir / "plots")
     except Exception as exc:  # noqa: BLE001 - a tracker refusing its settings (MLflow's own errors too)
         raise ConfigError(f"logging: {type(exc).__name__}: {exc}") from None
-    start_ray(config.resources)
+    if start_ray(config.resources):
+        reserve_every_cpu(algo_config)
     try:
         # The progress callback first: it copies the plots the trackers then pick up.
         tuner = tune.Tuner("GRPO", param_space=algo_config, run_config=tune.RunConfig(
@@ -81,6 +82,16 @@ def fit(config: RunConfig, algo_config: GRPOConfig, progress: ProgressCallback, 
         return tuner.fit()
     finally:
         ray.shutdown()
+
+
+def reserve_every_cpu(algo_config: GRPOConfig) -> None:
+    """A trial with no env runner and no learner actor samples and learns in turn, and alone:
+    on a Ray this command started it reserves every CPU, and Ray gives its torch as many
+    threads (measured on 2 cores, one quickstart iteration: the update 42.8 s with two against
+    55.2 s with the one RLlib reserves by default, the same episodes). With actors, each keeps
+    its own reservation, RLlib's."""
+    if algo_config.num_env_runners == 0 and algo_config.num_learners == 0:
+        algo_config.learners(num_cpus_per_learner=int(ray.cluster_resources()["CPU"]))
 
 
 def checkpoint_rollouts(config: RunConfig, task_ids: Sequence[str], checkpoints: Sequence[str | Path | None], *,

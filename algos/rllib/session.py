@@ -39,12 +39,13 @@ def require_no_ray_session(command: str) -> None:
                              "GRPOConfig(...).build_algo() inside your session")
 
 
-def start_ray(resources: ResourcesSection) -> None:
+def start_ray(resources: ResourcesSection) -> bool:
     """Ray for this run, with GRPO registered for Tune: the cluster at ``ray_address``
     (else ``$RAY_ADDRESS``) when one is given, otherwise a local one this process starts,
     sized by ``ray_num_cpus`` and ``object_store_memory_mb``, its workers started on
     ``resources.allocator`` (Ray's own processes keep the C library's; a cluster's nodes keep
-    what they were started with). Raises ``RaySessionOpen`` when this process already runs Ray."""
+    what they were started with). Returns whether this process started it (a local Ray, whose
+    CPUs are all the run's). Raises ``RaySessionOpen`` when this process already runs Ray."""
     from draco_gym.algos.rllib.grpo import register_with_tune
 
     require_no_ray_session("this command")
@@ -61,6 +62,7 @@ def start_ray(resources: ResourcesSection) -> None:
         ray.init(num_cpus=resources.ray_num_cpus, object_store_memory=resources.object_store_memory_mb * 2**20,
                  include_dashboard=False, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
     register_with_tune()
+    return not address
 
 
 def stop_ray() -> None:
