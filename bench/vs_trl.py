@@ -4,6 +4,7 @@ iteration and memory.
     python bench/vs_trl.py                           # configs/quickstart.yaml, 5 iterations, both pairs
     python bench/vs_trl.py --small                   # 2 iterations, uniform credit only
     python bench/vs_trl.py --set optim.micro_batch_tokens=512   # a config key changed for both
+    python bench/vs_trl.py --iterations 4 --pairs uniform --set resources.num_env_runners=1 --set rollout.pipeline=one_step
 
 The job is a config's GRPO phase (default: the quickstart's), every setting read from the
 config: its warm start is run once (``draco-gym train``'s own, reused when already done), then
@@ -32,8 +33,11 @@ on comparable episodes. The load average is printed beside each run (a shared ma
 every wall figure noisy; the runs of a pair follow each other, so their ratio is the fairer
 figure). Per pair, the iteration is split into its rollout (the same ``EnvRollout`` code in
 both, its seconds following the episodes drawn) and the rest (the update, weight sync,
-bookkeeping): the wall ratio cannot fall below the one draco-gym's rollout alone gives,
-however fast its update. The last line: ``draco-gym / TRL: wall X, memory Y`` for the first pair.
+bookkeeping): taking turns, the wall ratio cannot fall below the one draco-gym's rollout
+alone gives, however fast its update. With ``--set resources.num_env_runners=1 --set
+rollout.pipeline=one_step`` (the setting docs/training.md recommends where memory allows)
+draco-gym samples during the update, and its rollout's part is the wait for that sample.
+The last line: ``draco-gym / TRL: wall X, memory Y`` for the first pair.
 """
 
 from __future__ import annotations

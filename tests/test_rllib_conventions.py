@@ -237,20 +237,15 @@ def wandb_records(path: Path) -> tuple[list[dict], dict]:
 
 
 @pytest.mark.parametrize("env_runners, trial_cpus", [(0, 2), (1, 1)])
-def test_a_trial_alone_on_the_ray_it_started_reserves_every_cpu(tiny_model, tmp_path, env_runners, trial_cpus):
+def test_a_trial_alone_on_its_ray_reserves_every_cpu(ray_session, tiny_model, tmp_path, env_runners, trial_cpus):
     """Ray gives a trial's torch one thread per CPU its first bundle reserves; a trial that
-    samples and learns by itself gets them all, one beside an env runner keeps RLlib's one."""
-    from draco_gym.algos.config import ResourcesSection
+    samples and learns by itself gets them all (of the 2 the session has), one beside an env
+    runner keeps RLlib's one."""
     from draco_gym.algos.rllib.grpo import GRPO
     from draco_gym.algos.rllib.runs import reserve_every_cpu
-    from draco_gym.algos.rllib.session import start_ray, stop_ray
 
     config = make_config(tiny_model, tmp_path).env_runners(num_env_runners=env_runners)
-    assert start_ray(ResourcesSection(ray_num_cpus=2, object_store_memory_mb=80))
-    try:
-        reserve_every_cpu(config)
-        bundles = GRPO.default_resource_request(config).bundles
-    finally:
-        stop_ray()
+    reserve_every_cpu(config)
+    bundles = GRPO.default_resource_request(config).bundles
     assert bundles[0]["CPU"] == trial_cpus
     assert sum(b.get("CPU", 0) for b in bundles) <= 2  # the trial still fits the machine
