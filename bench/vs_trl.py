@@ -136,13 +136,13 @@ def draco_gym_figures(out: Path) -> dict:
 
     rows = read_records(out / "metrics.jsonl")[0]
     train = [r for r in read_records(out / "rollouts.jsonl")[0] if r.get("iteration") is not None]
+    rollout = [r["timers/phases/generation"] + r["timers/phases/env"] for r in rows]
     return {
         "wall": [r["time_this_iter_s"] for r in rows],
-        "rollout_s": [r["timers/phases/generation"] + r["timers/phases/env"] for r in rows],
+        "rollout_s": rollout,
         # with rollout.pipeline: one_step the env runner samples during the update: only the
         # wait for its sample is the iteration's
-        "rollout_wall_s": [r.get("timers/waited_for_sample", r["timers/phases/generation"] + r["timers/phases/env"])
-                           for r in rows],
+        "rollout_wall_s": [r.get("timers/waited_for_sample", s) for r, s in zip(rows, rollout)],
         "generated_tokens": [r["env_runners/num_generated_tokens"] for r in rows],
         "rewards": [r["score"]["reward"] for r in train if r.get("score")],
         "success": [bool(r["trajectory"]["metrics"].get("success")) for r in train],
